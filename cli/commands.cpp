@@ -1,0 +1,292 @@
+#include "cli/commands.h"
+
+#include <limits.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <stdexcept>
+
+#include "profiler/cupti_tracer.h"
+#include "profiler/environment.h"
+#include "reports/chrome_trace.h"
+#include "reports/compare.h"
+#include "reports/csv.h"
+#include "reports/gate.h"
+#include "reports/html.h"
+#include "reports/json.h"
+#include "reports/markdown.h"
+#include "reports/store.h"
+#include "reports/terminal.h"
+#include "suites/demo.h"
+#include "suites/runner.h"
+
+namespace fusekit::cli {
+namespace {
+
+using reports::Store;
+
+std::string join(const std::vector<std::string>& parts) {
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : " ") + p;
+  return out;
+}
+
+reports::RunInfo describe_run(const std::string& label, const std::vector<std::string>& argv,
+                              const profiler::Environment& env) {
+  reports::RunInfo info;
+  info.label = label;
+  info.command_line = join(argv);
+  info.git_commit = env.git_commit;
+  info.host = env.host;
+  if (!env.gpus.empty()) {
+    info.gpu_name = env.gpus.front().name;
+    info.gpu_uuid = env.gpus.front().uuid;
+  }
+  info.driver_version = env.driver_version;
+  info.cuda_version = env.runtime_version;
+  return info;
+}
+
+std::string directory_of_executable() {
+  char buf[PATH_MAX] = {};
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  std::string path(buf, static_cast<size_t>(n));
+  return path.substr(0, path.find_last_of('/'));
+}
+
+struct OpenedRun {
+  Store store;
+  int64_t run;
+};
+
+OpenedRun open_run(const RunSelection& s) {
+  Store store = Store::open(s.db, Store::Mode::read_only);
+  int64_t run = s.run > 0 ? s.run : store.latest_run();
+  (void)store.run(run);
+  return {std::move(store), run};
+}
+
+void check_dropped(uint64_t dropped, bool allowed) {
+  if (dropped == 0) return;
+  if (!allowed) {
+    throw std::runtime_error(std::to_string(dropped) +
+                             " trace records were dropped (the data kept is in the store); rerun, or pass "
+                             "--allow-dropped to accept an incomplete trace");
+  }
+  std::fprintf(stderr, "fusekit: warning: %llu trace records were dropped\n", static_cast<unsigned long long>(dropped));
+}
+
+}  // namespace
+
+double parse_fraction(const std::string& text) {
+  if (text.empty()) throw std::invalid_argument("empty threshold");
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    throw std::invalid_argument("not a number or percentage: '" + text + "'");
+  }
+  std::string rest = text.substr(used);
+  if (rest == "%") value /= 100;
+  else if (!rest.empty()) throw std::invalid_argument("not a number or percentage: '" + text + "'");
+  if (!(value >= 0) || value > 10) throw std::invalid_argument("threshold out of range: '" + text + "'");
+  return value;
+}
+
+void write_output(const std::string& path, const std::string& content) {
+  if (path.empty() || path == "-") {
+    std::cout << content;
+    return;
+  }
+  {
+    std::ifstream existing(path, std::ios::binary);
+    char header[16] = {};
+    if (existing && existing.read(header, 16) && std::string(header, 15) == "SQLite format 3") {
+      throw std::runtime_error(path + ": is an SQLite file; refusing to overwrite it");
+    }
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw std::runtime_error(path + ": cannot write: " + std::strerror(errno));
+  out << content;
+  if (!out.flush()) throw std::runtime_error(path + ": write failed: " + std::strerror(errno));
+}
+
+int bench(const BenchOptions& o) {
+  if (o.suite != "demo") throw std::invalid_argument("unknown suite '" + o.suite + "' (available: demo)");
+  if (access(o.db.c_str(), F_OK) == 0) (void)Store::open(o.db, Store::Mode::read_only);  // refuse a foreign file first
+  if (std::string reason = profiler::gpu_unavailable_reason(); !reason.empty()) {
+    throw std::runtime_error("no GPU: " + reason);
+  }
+  profiler::prepare_nvtx_injection();  // before the first NVTX call
+  Store store = Store::open(o.db, Store::Mode::create);
+  const profiler::Environment env = profiler::read_environment();
+  const int64_t run = store.begin_run(describe_run(o.label, o.argv, env));
+  for (const auto& g : env.gpus) store.add_gpu(run, g);
+  try {
+    const double ceiling = suites::measure_copy_ceiling(size_t{1} << 30, 20);
+    store.set_copy_ceiling(run, ceiling);
+    std::fprintf(stderr, "fusekit: device copy ceiling %.2f TB/s\n", ceiling / 1e12);
+    suites::DemoSuite demo;
+    profiler::CuptiTracer& tracer = profiler::CuptiTracer::instance();
+    tracer.start();
+    demo.upload(nullptr);
+    tracer.stop();
+    store.append_trace(run, tracer.flush());
+    suites::RunnerOptions options{o.warmup, o.repetitions, o.traced_repetitions, false};
+    uint64_t dropped = suites::run_cases(store, run, demo.cases(), options);
+    store.finish_run(run, "ok", 0);
+    std::cout << reports::case_table_text(store.load_cases(run));
+    std::cout << "run " << run << " recorded in " << o.db << "\n";
+    check_dropped(dropped, o.allow_dropped);
+  } catch (...) {
+    store.finish_run(run, "failed", 1);
+    throw;
+  }
+  return 0;
+}
+
+int trace(const TraceOptions& o) {
+  if (o.command.empty()) throw std::invalid_argument("no command to trace (usage: fusekit trace --db out.db -- cmd ...)");
+  const char* override_path = std::getenv("FUSEKIT_INJECT_LIBRARY");
+  const std::string inject = override_path ? override_path : directory_of_executable() + "/libfusekit_inject.so";
+  if (access(inject.c_str(), R_OK) != 0) throw std::runtime_error("injection library not found: " + inject);
+  const std::string cupti = profiler::cupti_library_path();
+  if (cupti.empty()) throw std::runtime_error("the CUPTI library is not loaded; cannot trace NVTX ranges");
+
+  Store store = Store::open(o.db, Store::Mode::create);
+  const profiler::Environment env = profiler::read_environment();
+  std::vector<std::string> argv = {"fusekit", "trace", "--"};
+  argv.insert(argv.end(), o.command.begin(), o.command.end());
+  const int64_t run = store.begin_run(describe_run(o.label, o.command, env));
+  for (const auto& g : env.gpus) store.add_gpu(run, g);
+
+  pid_t child = fork();
+  if (child < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
+  if (child == 0) {
+    setenv("CUDA_INJECTION64_PATH", inject.c_str(), 1);
+    setenv("NVTX_INJECTION64_PATH", cupti.c_str(), 1);
+    setenv("FUSEKIT_TRACE_DB", o.db.c_str(), 1);
+    setenv("FUSEKIT_TRACE_RUN", std::to_string(run).c_str(), 1);
+    setenv("FUSEKIT_TRACE_FLUSH_MS", std::to_string(o.flush_ms).c_str(), 1);
+    std::vector<char*> args;
+    for (const auto& a : o.command) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    std::fprintf(stderr, "fusekit: cannot run '%s': %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  const int exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  store.finish_run(run, exit_code == 0 ? "ok" : "failed", exit_code);
+  const reports::RunReport report = store.load_report(run);
+  std::fprintf(stderr, "fusekit: run %lld: %llu kernels, %llu copies, %llu ranges, %llu API calls recorded in %s; exit code %d\n",
+               static_cast<long long>(run), static_cast<unsigned long long>(report.totals.kernels),
+               static_cast<unsigned long long>(report.totals.memcpys), static_cast<unsigned long long>(report.totals.ranges),
+               static_cast<unsigned long long>(report.totals.api_calls), o.db.c_str(), exit_code);
+  check_dropped(report.run.dropped_records, o.allow_dropped);
+  return exit_code;
+}
+
+int summary(const SummaryOptions& o) {
+  OpenedRun r = open_run(o.source);
+  const reports::RunInfo info = r.store.run(r.run);
+  profiler::Trace trace = r.store.load_trace(r.run);
+  profiler::Attribution attribution = profiler::attribute(trace);
+  std::optional<std::string> only;
+  if (!o.range.empty()) only = o.range;
+  const auto kernels = profiler::summarize_kernels(trace, attribution, only, o.short_names);
+  const auto totals = profiler::summarize_run(trace);
+  std::cout << "run " << info.id << "  " << info.started_at << "  " << info.gpu_name << "  status " << info.status
+            << "  dropped records " << info.dropped_records << "\n";
+  std::cout << "command: " << info.command_line << "\n\n";
+  std::cout << "CUDA GPU kernel summary" << (only ? " (inside ranges '" + *only + "')" : "") << ":\n\n";
+  std::cout << reports::kernel_table_text(kernels, static_cast<size_t>(o.top)) << "\n";
+  std::cout << "NVTX range summary:\n\n"
+            << reports::range_table_text(profiler::summarize_ranges(trace, attribution), static_cast<size_t>(o.top))
+            << "\n";
+  const auto cases = r.store.load_cases(r.run);
+  if (!cases.empty()) std::cout << "Cases:\n\n" << reports::case_table_text(cases) << "\n";
+  std::printf("totals: %llu kernels, %.3f ms kernel time, GPU busy %.3f ms of %.3f ms wall (idle %.1f%%), %llu copies (%llu bytes)\n",
+              static_cast<unsigned long long>(totals.kernels), totals.kernel_ns / 1e6, totals.busy_ns / 1e6,
+              totals.wall_ns / 1e6, 100 * totals.idle_fraction, static_cast<unsigned long long>(totals.memcpys),
+              static_cast<unsigned long long>(totals.memcpy_bytes));
+  if (attribution.kernels_without_api_record > 0) {
+    std::printf("%zu kernels had no recorded launch call and are attributed to no range\n",
+                attribution.kernels_without_api_record);
+  }
+  return 0;
+}
+
+int compare(const CompareOptions& o) {
+  OpenedRun a = open_run(o.a);
+  const reports::RunReport report_a = a.store.load_report(a.run);
+  if (o.b.db.empty()) {
+    const size_t comma = o.variants.find(',');
+    if (comma == std::string::npos) throw std::invalid_argument("--variants takes two variants: A,B");
+    const auto rows = reports::compare_variants(report_a.cases, o.variants.substr(0, comma), o.variants.substr(comma + 1));
+    if (rows.empty()) throw std::runtime_error("no case of run " + std::to_string(a.run) + " has both variants " + o.variants);
+    std::cout << (o.markdown ? reports::comparison_table_markdown(rows) : reports::comparison_table_text(rows));
+    return 0;
+  }
+  OpenedRun b = open_run(o.b);
+  const reports::RunReport report_b = b.store.load_report(b.run);
+  const auto rows = reports::compare_runs(report_a.cases, report_b.cases);
+  const auto diff = reports::diff_kernels(report_a.kernels, report_b.kernels);
+  if (!rows.empty()) std::cout << (o.markdown ? reports::comparison_table_markdown(rows) : reports::comparison_table_text(rows)) << "\n";
+  std::cout << (o.markdown ? reports::kernel_diff_table_markdown(diff) : reports::kernel_diff_table_text(diff));
+  return 0;
+}
+
+int report(const ReportOptions& o) {
+  OpenedRun r = open_run(o.source);
+  const reports::RunReport rep = r.store.load_report(r.run);
+  std::string content;
+  if (o.format == "csv") {
+    if (o.table == "cases") content = reports::cases_csv(rep);
+    else if (o.table == "kernels") content = reports::kernels_csv(rep);
+    else if (o.table == "ranges") content = reports::ranges_csv(rep);
+    else throw std::invalid_argument("unknown table '" + o.table + "' (cases, kernels, ranges)");
+  } else if (o.format == "html") {
+    content = reports::report_html(rep);
+  } else if (o.format == "md") {
+    content = reports::report_markdown(rep);
+  } else if (o.format == "json") {
+    content = reports::report_json(rep);
+  } else {
+    throw std::invalid_argument("unknown format '" + o.format + "' (csv, html, md, json)");
+  }
+  write_output(o.output, content);
+  return 0;
+}
+
+int export_trace(const ExportOptions& o) {
+  OpenedRun r = open_run(o.source);
+  write_output(o.output, reports::chrome_trace_json(r.store.load_trace(r.run), r.store.run(r.run)));
+  return 0;
+}
+
+int gate(const GateOptions& o) {
+  reports::GateOptions options;
+  options.threshold = parse_fraction(o.threshold);
+  if (!(o.alpha > 0 && o.alpha < 1)) throw std::invalid_argument("--alpha must be between 0 and 1");
+  options.alpha = o.alpha;
+  options.min_samples = static_cast<size_t>(o.min_samples);
+  OpenedRun baseline = open_run(o.baseline);
+  OpenedRun candidate = open_run(o.candidate);
+  const auto result = reports::run_gate(baseline.store.load_cases(baseline.run), candidate.store.load_cases(candidate.run), options);
+  std::cout << reports::gate_table_text(result);
+  if (!o.markdown_output.empty()) write_output(o.markdown_output, reports::gate_table_markdown(result));
+  if (result.rows.empty()) throw std::runtime_error("no case is present in both runs; nothing to gate");
+  return result.any_regression() ? 1 : 0;
+}
+
+}  // namespace fusekit::cli

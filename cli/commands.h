@@ -1,0 +1,83 @@
+// The subcommands of `fusekit`. Each takes its parsed options and returns the process exit code;
+// failures throw, and fusekit.cpp turns them into one line on stderr and exit code 1.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fusekit::cli {
+
+struct BenchOptions {
+  std::string db;
+  std::string suite = "demo";
+  std::string label;
+  int warmup = 10;
+  int repetitions = 50;
+  int traced_repetitions = 5;
+  bool allow_dropped = false;
+  std::vector<std::string> argv;
+};
+int bench(const BenchOptions& o);
+
+struct TraceOptions {
+  std::string db;
+  std::string label;
+  int flush_ms = 1000;
+  bool allow_dropped = false;
+  std::vector<std::string> command;
+};
+int trace(const TraceOptions& o);
+
+struct RunSelection {
+  std::string db;
+  int64_t run = 0;  // 0: the latest run
+};
+
+struct SummaryOptions {
+  RunSelection source;
+  std::string range;  // only kernels inside ranges of this name
+  bool short_names = false;
+  int top = 30;
+};
+int summary(const SummaryOptions& o);
+
+struct CompareOptions {
+  RunSelection a;
+  RunSelection b;        // db empty: compare variants within a
+  std::string variants;  // "baseline,fused"
+  bool markdown = false;
+};
+int compare(const CompareOptions& o);
+
+struct ReportOptions {
+  RunSelection source;
+  std::string format;         // csv | html | md | json
+  std::string table = "cases";  // for csv: cases | kernels | ranges
+  std::string output;         // "" or "-": stdout
+};
+int report(const ReportOptions& o);
+
+struct ExportOptions {
+  RunSelection source;
+  std::string output;
+};
+int export_trace(const ExportOptions& o);
+
+struct GateOptions {
+  RunSelection baseline;
+  RunSelection candidate;
+  std::string threshold = "5%";
+  double alpha = 0.01;
+  int min_samples = 5;
+  std::string markdown_output;
+};
+int gate(const GateOptions& o);
+
+// "5%" -> 0.05, "0.05" -> 0.05; throws std::invalid_argument on anything else.
+double parse_fraction(const std::string& text);
+
+// Writes `content` to `path` ("" or "-" is stdout); refuses to overwrite an SQLite file.
+void write_output(const std::string& path, const std::string& content);
+
+}  // namespace fusekit::cli

@@ -1,0 +1,100 @@
+#include "profiler/environment.h"
+
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <memory>
+
+#ifndef FUSEKIT_SOURCE_DIR
+#define FUSEKIT_SOURCE_DIR "."
+#endif
+#ifndef FUSEKIT_BUILD_COMMIT
+#define FUSEKIT_BUILD_COMMIT ""
+#endif
+
+namespace fusekit::profiler {
+namespace {
+
+std::string version_string(int v) { return v <= 0 ? "" : std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); }
+
+// The commit of the source tree now, which may be newer than the one configured; else the configured one.
+std::string git_commit() {
+  std::string command = "git -C '" FUSEKIT_SOURCE_DIR "' rev-parse HEAD 2>/dev/null";
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
+  std::array<char, 128> buf{};
+  std::string out;
+  if (pipe && fgets(buf.data(), buf.size(), pipe.get())) out = buf.data();
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  if (out.size() != 40) out = FUSEKIT_BUILD_COMMIT;
+  return out;
+}
+
+std::string uuid_string(const cudaUUID_t& uuid) {
+  char out[64];
+  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
+  std::snprintf(out, sizeof out, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  return out;
+}
+
+// The kernel module's version ("580.159.04"), as nvidia-smi shows it.
+std::string kernel_driver_version() {
+  std::ifstream in("/proc/driver/nvidia/version");
+  std::string line;
+  std::getline(in, line);
+  std::smatch m;
+  if (std::regex_search(line, m, std::regex(R"((\d+\.\d+(\.\d+)?))"))) return m[1];
+  return "";
+}
+
+}  // namespace
+
+std::string gpu_unavailable_reason() {
+  int count = 0;
+  cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) return cudaGetErrorString(status);
+  if (count == 0) return "no CUDA-capable device is detected";
+  return "";
+}
+
+Environment read_environment() {
+  Environment env;
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) == 0) env.host = host;
+  env.git_commit = git_commit();
+  int v = 0;
+  if (cudaRuntimeGetVersion(&v) == cudaSuccess) env.runtime_version = version_string(v);
+  if (cudaDriverGetVersion(&v) == cudaSuccess && v > 0) {
+    env.driver_version = kernel_driver_version();
+    env.driver_version += (env.driver_version.empty() ? "CUDA " : " (CUDA ") + version_string(v) +
+                          (env.driver_version.empty() ? "" : ")");
+  }
+  env.gpu_error = gpu_unavailable_reason();
+  if (!env.gpu_error.empty()) return env;
+  int count = 0;
+  cudaGetDeviceCount(&count);
+  for (int d = 0; d < count; ++d) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) continue;
+    GpuInfo g;
+    g.device_id = static_cast<uint32_t>(d);
+    g.name = prop.name;
+    g.uuid = uuid_string(prop.uuid);
+    char bus[32];
+    std::snprintf(bus, sizeof bus, "%04x:%02x:%02x.0", prop.pciDomainID, prop.pciBusID, prop.pciDeviceID);
+    g.bus_location = bus;
+    g.total_memory = prop.totalGlobalMem;
+    g.sm_count = prop.multiProcessorCount;
+    g.compute_major = prop.major;
+    g.compute_minor = prop.minor;
+    g.l2_cache_size = static_cast<uint64_t>(prop.l2CacheSize);
+    env.gpus.push_back(g);
+  }
+  return env;
+}
+
+}  // namespace fusekit::profiler

@@ -1,0 +1,102 @@
+// The injection library: `fusekit trace -- cmd` sets CUDA_INJECTION64_PATH to this library, and the
+// CUDA driver calls InitializeInjection() in the traced process at cuInit, as it does for Nsight
+// Systems. From then on CUPTI records the process's activity; a background thread flushes it into
+// the store every FUSEKIT_TRACE_FLUSH_MS (default 1000) in one transaction each, and the last
+// flush runs at exit, whatever the exit code. A process killed by a signal keeps every earlier flush.
+//
+// Environment: FUSEKIT_TRACE_DB (the store), FUSEKIT_TRACE_RUN (the run id `fusekit trace` created).
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include <unistd.h>
+
+#include "profiler/cupti_tracer.h"
+#include "reports/store.h"
+
+namespace {
+
+struct Injection {
+  std::optional<fusekit::reports::Store> store;
+  int64_t run = 0;
+  std::chrono::milliseconds interval{1000};
+  std::thread flusher;
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool stopping = false;
+  std::mutex write_mutex;  // the flusher and the exit handler both write
+  pid_t pid = 0;           // a forked child inherits the exit handler but not the flusher thread
+};
+
+Injection& injection() {
+  static Injection* i = new Injection;  // never destroyed: used from the exit handler
+  return *i;
+}
+
+void write(Injection& in, bool final) {
+  std::lock_guard<std::mutex> lock(in.write_mutex);
+  try {
+    fusekit::profiler::Trace trace = fusekit::profiler::CuptiTracer::instance().flush(final);
+    if (!trace.empty()) in.store->append_trace(in.run, trace);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fusekit trace: %s\n", e.what());
+  }
+}
+
+void flush_loop() {
+  Injection& in = injection();
+  std::unique_lock<std::mutex> lock(in.mutex);
+  while (!in.stopping) {
+    if (in.wake.wait_for(lock, in.interval, [&] { return in.stopping; })) break;
+    lock.unlock();
+    write(in, false);
+    lock.lock();
+  }
+}
+
+void at_exit() {
+  Injection& in = injection();
+  if (getpid() != in.pid) return;
+  {
+    std::lock_guard<std::mutex> lock(in.mutex);
+    in.stopping = true;
+  }
+  in.wake.notify_all();
+  if (in.flusher.joinable()) in.flusher.join();
+  write(in, true);
+}
+
+}  // namespace
+
+extern "C" int InitializeInjection(void) {
+  static bool initialized = false;
+  if (initialized) return 1;
+  initialized = true;
+  Injection& in = injection();
+  const char* db = std::getenv("FUSEKIT_TRACE_DB");
+  const char* run = std::getenv("FUSEKIT_TRACE_RUN");
+  if (!db || !run) {
+    std::fprintf(stderr, "fusekit trace: FUSEKIT_TRACE_DB and FUSEKIT_TRACE_RUN must be set; not tracing\n");
+    return 1;
+  }
+  try {
+    in.store = fusekit::reports::Store::open(db, fusekit::reports::Store::Mode::read_write);
+    in.run = std::stoll(run);
+    (void)in.store->run(in.run);
+    if (const char* ms = std::getenv("FUSEKIT_TRACE_FLUSH_MS")) in.interval = std::chrono::milliseconds(std::stoll(ms));
+    fusekit::profiler::CuptiTracer::instance().start();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fusekit trace: not tracing: %s\n", e.what());
+    in.store.reset();
+    return 1;
+  }
+  in.pid = getpid();
+  std::atexit(at_exit);
+  in.flusher = std::thread(flush_loop);
+  return 1;
+}

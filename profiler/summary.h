@@ -1,0 +1,73 @@
+// Summaries of a trace in the vocabulary of `nsys stats`.
+//
+// Kernel table: per kernel name, the columns of cuda_gpu_kern_sum (Time %, Total Time, Instances,
+// Avg, Med, Min, Max, StdDev, Name). Range table: per NVTX range name, the wall time of its
+// instances, the GPU busy time (the union of the intervals of the kernels attributed to the range
+// or to ranges nested in it, so overlapping kernels on several streams count once) and the idle
+// fraction 1 - busy / wall.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "profiler/attribution.h"
+#include "profiler/records.h"
+
+namespace fusekit::profiler {
+
+struct KernelStats {
+  std::string name;
+  double time_percent = 0;  // of the total kernel time of the summarized set
+  uint64_t total_ns = 0;
+  uint64_t instances = 0;
+  double avg_ns = 0;
+  double med_ns = 0;
+  uint64_t min_ns = 0;
+  uint64_t max_ns = 0;
+  double stddev_ns = 0;  // sample standard deviation; 0 for one instance
+};
+
+struct RangeStats {
+  std::string name;
+  uint64_t instances = 0;
+  uint64_t wall_ns = 0;  // summed over instances
+  uint64_t busy_ns = 0;  // summed over instances
+  uint64_t kernels = 0;  // kernels attributed to the instances or their nested ranges
+  uint64_t kernel_ns = 0;  // their summed durations (larger than busy_ns where they overlap)
+  double idle_fraction = 0;
+};
+
+struct RunTotals {
+  uint64_t wall_ns = 0;  // first to last timestamp of any record
+  uint64_t busy_ns = 0;  // union of all kernel intervals
+  uint64_t kernel_ns = 0;
+  uint64_t kernels = 0;
+  uint64_t memcpys = 0;
+  uint64_t memcpy_bytes = 0;
+  uint64_t memsets = 0;
+  uint64_t api_calls = 0;
+  uint64_t ranges = 0;
+  double idle_fraction = 0;
+};
+
+// Sorted by total time, largest first. With `only_range`, only kernels attributed to a range of
+// that name or to ranges nested in one; `short_names` groups by short_kernel_name.
+std::vector<KernelStats> summarize_kernels(const Trace& trace, const Attribution& attribution,
+                                           const std::optional<std::string>& only_range = std::nullopt,
+                                           bool short_names = false);
+
+// Sorted by wall time, largest first.
+std::vector<RangeStats> summarize_ranges(const Trace& trace, const Attribution& attribution);
+
+RunTotals summarize_run(const Trace& trace);
+
+// Length of the union of half-open intervals [first, second).
+uint64_t union_length(std::vector<std::pair<uint64_t, uint64_t>> intervals);
+
+// Median of a sample (mean of the two middle values for an even count); NaN for none.
+double median(std::vector<double> values);
+
+}  // namespace fusekit::profiler

@@ -1,0 +1,22 @@
+// CSV tables of a run: its cases, its kernels (the columns of `nsys stats` cuda_gpu_kern_sum) and its ranges.
+//
+// Fields are quoted as RFC 4180 says (a field holding a comma, quote, CR or LF is quoted, quotes doubled), but
+// lines end in "\n", as `nsys stats --format csv` writes them, so shell tools see no stray "\r".
+#pragma once
+
+#include <string>
+
+#include "reports/run_report.h"
+
+namespace fusekit::reports {
+
+// run_id,name,op,shape,dtype,variant,samples,median_us,q1_us,q3_us,min_us,max_us,speedup,bytes,bandwidth_GBps,
+// bandwidth_percent,flops,tflops; an absent optional or a non-finite number is an
+// empty cell. Times to the nanosecond.
+std::string cases_csv(const RunReport& report);
+// "Time (%)","Total Time (ns)","Instances","Avg (ns)","Med (ns)","Min (ns)","Max (ns)","StdDev (ns)","Name".
+std::string kernels_csv(const RunReport& report);
+// "Wall (ns)","GPU Busy (ns)","Idle (%)","Instances","Kernels","Kernel Time (ns)","Name".
+std::string ranges_csv(const RunReport& report);
+
+}  // namespace fusekit::reports

@@ -1,0 +1,227 @@
+#include "reports/gate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <stdexcept>
+#include <utility>
+
+#include "profiler/summary.h"
+#include "reports/compare.h"
+#include "reports/terminal.h"
+
+namespace fusekit::reports {
+namespace {
+
+constexpr size_t kExactMaxSampleSize = 50;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+__extension__ using ArrangementCount = __int128;  // a GCC and Clang extension
+
+// How many of the C(m+n, m) orderings of two tie-free samples of sizes m and n give U = u, for u in [0, m n]:
+// the coefficients of the Gaussian binomial [m+n choose m]_q, built as the product over j = 1..m of
+// (1 - q^(n+j)) / (1 - q^j). Each partial product is again a Gaussian binomial, so every division is exact
+// and the arithmetic stays in integers: coefficients stay below 2 C(100, 50) < 2^98 for m, n <= 50.
+std::vector<ArrangementCount> u_distribution_counts(size_t m, size_t n) {
+  if (m > n) std::swap(m, n);
+  const size_t degree = m * n;
+  std::vector<ArrangementCount> counts(degree + 1, 0);
+  counts[0] = 1;
+  for (size_t j = 1; j <= m; ++j) {
+    for (size_t k = degree; k >= n + j; --k) counts[k] -= counts[k - n - j];
+    for (size_t k = j; k <= degree; ++k) counts[k] += counts[k - j];
+  }
+  return counts;
+}
+
+// P(U <= k) under the null hypothesis.
+double exact_lower_tail(size_t m, size_t n, size_t k) {
+  const std::vector<ArrangementCount> counts = u_distribution_counts(m, n);
+  ArrangementCount below = 0, total = 0;
+  for (size_t u = 0; u < counts.size(); ++u) {
+    total += counts[u];
+    if (u <= k) below += counts[u];
+  }
+  return static_cast<double>(below) / static_cast<double>(total);
+}
+
+using CaseKey = std::pair<std::string, std::string>;  // (name, variant)
+
+std::string describe(const CaseKey& key) { return key.first + " [" + key.second + "]"; }
+
+std::map<CaseKey, const CaseResult*> index_cases(const std::vector<CaseResult>& cases, const char* which) {
+  std::map<CaseKey, const CaseResult*> index;
+  for (const CaseResult& c : cases) {
+    CaseKey key{c.info.name, c.info.variant};
+    if (!index.emplace(key, &c).second) {
+      throw std::invalid_argument(std::string("run_gate: duplicate case in ") + which + ": " + describe(key));
+    }
+  }
+  return index;
+}
+
+std::string format_change(double change) {
+  if (!std::isfinite(change)) return "-";
+  return (change >= 0 ? "+" : "") + format_fixed(100 * change, 1);
+}
+
+std::string format_p_value(double p) {
+  if (std::isnan(p)) return "-";
+  if (p >= 1e-3) return format_fixed(p, 3);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1e", p);
+  return buf;
+}
+
+std::vector<std::vector<std::string>> gate_rows(const GateResult& result, bool markdown) {
+  std::vector<std::vector<std::string>> rows = {
+      {"Baseline (us)", "Candidate (us)", "Change (%)", "p-value", "Samples", "Verdict", "Variant", "Case"}};
+  for (const GateRow& r : result.rows) {
+    std::string verdict = verdict_name(r.verdict);
+    if (markdown && r.verdict == Verdict::regressed) verdict = "**" + verdict + "**";
+    rows.push_back({format_microseconds(r.baseline_median_ns), format_microseconds(r.candidate_median_ns),
+                    format_change(r.change), format_p_value(r.p_value),
+                    std::to_string(r.baseline_n) + "/" + std::to_string(r.candidate_n), verdict,
+                    markdown ? markdown_code(r.variant) : r.variant, markdown ? markdown_code(r.name) : r.name});
+  }
+  return rows;
+}
+
+std::string verdict_counts(const GateResult& result) {
+  std::map<Verdict, size_t> count;
+  for (const GateRow& r : result.rows) ++count[r.verdict];
+  std::string out;
+  for (Verdict v : {Verdict::regressed, Verdict::improved, Verdict::unchanged, Verdict::too_few_samples}) {
+    out += (out.empty() ? "" : ", ") + std::to_string(count[v]) + " " + verdict_name(v);
+  }
+  return out + "\n";
+}
+
+}  // namespace
+
+MannWhitneyResult mann_whitney_u(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.empty() || b.empty()) {
+    throw std::invalid_argument("mann_whitney_u: empty sample (sizes " + std::to_string(a.size()) + " and " +
+                                std::to_string(b.size()) + ")");
+  }
+  std::vector<std::pair<double, bool>> pooled;  // (value, from a)
+  pooled.reserve(a.size() + b.size());
+  for (double x : a) pooled.emplace_back(x, true);
+  for (double x : b) pooled.emplace_back(x, false);
+  for (const auto& [x, from_a] : pooled) {
+    if (std::isnan(x)) throw std::invalid_argument("mann_whitney_u: NaN in a sample");
+  }
+  std::sort(pooled.begin(), pooled.end());
+
+  double rank_sum_a = 0;
+  double tie_term = 0;  // sum of t^3 - t over groups of t equal values
+  for (size_t first = 0; first < pooled.size();) {
+    size_t last = first;
+    while (last < pooled.size() && pooled[last].first == pooled[first].first) ++last;
+    const double tied = static_cast<double>(last - first);
+    const double average_rank = (static_cast<double>(first + 1) + static_cast<double>(last)) / 2;
+    for (size_t i = first; i < last; ++i) rank_sum_a += pooled[i].second ? average_rank : 0;
+    tie_term += tied * tied * tied - tied;
+    first = last;
+  }
+
+  const double n1 = static_cast<double>(a.size()), n2 = static_cast<double>(b.size());
+  MannWhitneyResult result;
+  result.u = rank_sum_a - n1 * (n1 + 1) / 2;
+  const double u_larger = std::max(result.u, n1 * n2 - result.u);
+
+  if (tie_term == 0 && a.size() <= kExactMaxSampleSize && b.size() <= kExactMaxSampleSize) {
+    const auto u_smaller = static_cast<size_t>(std::llround(n1 * n2 - u_larger));
+    result.p_value = std::min(1.0, 2 * exact_lower_tail(a.size(), b.size(), u_smaller));
+    return result;
+  }
+  const double n = n1 + n2;
+  const double sigma = std::sqrt(n1 * n2 / 12 * ((n + 1) - tie_term / (n * (n - 1))));
+  if (sigma == 0) {  // every value is the same
+    result.p_value = 1;
+    return result;
+  }
+  const double z = (u_larger - n1 * n2 / 2 - 0.5) / sigma;
+  result.p_value = std::min(1.0, std::erfc(z / std::sqrt(2.0)));
+  return result;
+}
+
+bool GateResult::any_regression() const {
+  return std::any_of(rows.begin(), rows.end(), [](const GateRow& r) { return r.verdict == Verdict::regressed; });
+}
+
+GateResult run_gate(const std::vector<CaseResult>& baseline, const std::vector<CaseResult>& candidate,
+                    const GateOptions& options) {
+  if (!(options.threshold >= 0)) throw std::invalid_argument("run_gate: threshold must be >= 0");
+  if (!(options.alpha > 0 && options.alpha <= 1)) throw std::invalid_argument("run_gate: alpha must be in (0, 1]");
+  const auto baseline_index = index_cases(baseline, "baseline");
+  const auto candidate_index = index_cases(candidate, "candidate");
+  const size_t min_samples = std::max<size_t>(options.min_samples, 1);
+
+  GateResult result;
+  for (const CaseResult& base : baseline) {
+    const CaseKey key{base.info.name, base.info.variant};
+    auto found = candidate_index.find(key);
+    if (found == candidate_index.end()) {
+      result.only_in_baseline.push_back(describe(key));
+      continue;
+    }
+    const CaseResult& cand = *found->second;
+    GateRow row;
+    row.name = key.first;
+    row.variant = key.second;
+    row.baseline_n = base.samples_ns.size();
+    row.candidate_n = cand.samples_ns.size();
+    row.baseline_median_ns = profiler::median(base.samples_ns);
+    row.candidate_median_ns = profiler::median(cand.samples_ns);
+    row.change = row.candidate_median_ns / row.baseline_median_ns - 1;
+    if (row.baseline_n < min_samples || row.candidate_n < min_samples) {
+      row.p_value = kNaN;
+      row.verdict = Verdict::too_few_samples;
+    } else {
+      row.p_value = mann_whitney_u(base.samples_ns, cand.samples_ns).p_value;
+      const bool significant = row.p_value < options.alpha;
+      row.verdict = significant && row.change > options.threshold    ? Verdict::regressed
+                    : significant && row.change < -options.threshold ? Verdict::improved
+                                                                     : Verdict::unchanged;
+    }
+    result.rows.push_back(std::move(row));
+  }
+  for (const CaseResult& cand : candidate) {
+    const CaseKey key{cand.info.name, cand.info.variant};
+    if (!baseline_index.count(key)) result.only_in_candidate.push_back(describe(key));
+  }
+  return result;
+}
+
+std::string verdict_name(Verdict verdict) {
+  switch (verdict) {
+    case Verdict::regressed: return "regressed";
+    case Verdict::improved: return "improved";
+    case Verdict::unchanged: return "unchanged";
+    case Verdict::too_few_samples: return "too few samples";
+  }
+  throw std::invalid_argument("verdict_name: unknown verdict " + std::to_string(static_cast<int>(verdict)));
+}
+
+std::string gate_table_text(const GateResult& result) {
+  std::string out = aligned_table(gate_rows(result, false), 5) + verdict_counts(result);
+  for (const std::string& c : result.only_in_baseline) out += "only in baseline:  " + c + "\n";
+  for (const std::string& c : result.only_in_candidate) out += "only in candidate: " + c + "\n";
+  return out;
+}
+
+std::string gate_table_markdown(const GateResult& result) {
+  std::string out = markdown_table(gate_rows(result, true), 5) + "\n" + verdict_counts(result);
+  auto list = [&](const char* title, const std::vector<std::string>& cases) {
+    if (cases.empty()) return;
+    out += std::string("\n**") + title + ":**\n\n";
+    for (const std::string& c : cases) out += "- " + markdown_code(c) + "\n";
+  };
+  list("Only in baseline", result.only_in_baseline);
+  list("Only in candidate", result.only_in_candidate);
+  return out;
+}
+
+}  // namespace fusekit::reports

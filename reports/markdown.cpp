@@ -1,0 +1,184 @@
+#include "reports/markdown.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string_view>
+
+namespace fusekit::reports {
+namespace {
+
+std::string fixed(double value, int decimals) {
+  if (!std::isfinite(value)) return "-";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, value);
+  return buf;
+}
+
+std::string or_dash(const std::string& text) { return text.empty() ? "-" : text; }
+
+std::string one_line(std::string_view text) {
+  std::string out(text);
+  std::replace_if(
+      out.begin(), out.end(), [](char c) { return c == '\n' || c == '\r'; }, ' ');
+  return out;
+}
+
+// A cell's text with the punctuation that Markdown or a GFM table would act on backslash-escaped.
+std::string markdown_text(std::string_view text) {
+  std::string out;
+  for (char c : one_line(text)) {
+    if (std::string_view("\\|*_<>[]`~&#!").find(c) != std::string_view::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// A code span that survives backticks in the text; '|' is escaped as GFM tables require, even in code.
+std::string markdown_code(std::string_view text) {
+  std::string body = one_line(text);
+  size_t longest = 0, run = 0;  // the longest run of backticks in the text
+  for (char c : body) {
+    run = c == '`' ? run + 1 : 0;
+    longest = std::max(longest, run);
+  }
+  if (!body.empty() && (body.front() == '`' || body.back() == '`' || (body.front() == ' ' && body.back() == ' ')))
+    body = " " + body + " ";
+  std::string out;
+  for (char c : body) {
+    if (c == '|') out += '\\';
+    out += c;
+  }
+  const std::string fence(longest + 1, '`');
+  return fence + out + fence;
+}
+
+std::string markdown_table(const ReportTable& table) {
+  std::string out = "|";
+  for (const std::string& h : table.header) out += " " + markdown_text(h) + " |";
+  out += "\n|";
+  for (size_t c = 0; c < table.header.size(); ++c) out += c < table.text_from ? " ---: |" : " --- |";
+  out += "\n";
+  for (const auto& row : table.rows) {
+    out += "|";
+    for (size_t c = 0; c < row.size(); ++c)
+      out += " " + (c + 1 == row.size() ? markdown_code(row[c]) : markdown_text(row[c])) + " |";
+    out += "\n";
+  }
+  if (!table.note.empty()) out += "\n" + markdown_text(table.note) + "\n";
+  return out;
+}
+
+std::string traced(const profiler::RunTotals& t) {
+  if (t.wall_ns == 0) return "nothing";
+  return format_us(static_cast<double>(t.wall_ns)) + " us wall, " + format_us(static_cast<double>(t.busy_ns)) +
+         " us GPU busy (" + fixed(100 * t.idle_fraction, 1) + " % idle); " + std::to_string(t.kernels) + " kernels, " +
+         std::to_string(t.memcpys) + " copies (" + std::to_string(t.memcpy_bytes) + " bytes), " +
+         std::to_string(t.memsets) + " memsets, " + std::to_string(t.api_calls) + " API calls, " +
+         std::to_string(t.ranges) + " ranges";
+}
+
+}  // namespace
+
+std::string format_us(double ns) {
+  const double us = ns / 1e3;
+  return fixed(us, std::fabs(us) < 1e3 ? 3 : 1);
+}
+
+ReportTable case_table(const RunReport& report) {
+  ReportTable t{
+      {"Median (us)", "Q1–Q3 (us)", "Samples", "Speedup", "GB/s", "% of copy ceiling", "TFLOP/s", "Variant", "Case"},
+      {},
+      7,
+      ""};
+  const auto optional = [](const std::optional<double>& v, double scale, int decimals, const char* unit = "") {
+    return v ? fixed(*v * scale, decimals) + unit : std::string("-");
+  };
+  for (const CaseResult& c : report.cases) {
+    t.rows.push_back({format_us(c.median_ns), format_us(c.q1_ns) + "–" + format_us(c.q3_ns),
+                      std::to_string(c.samples_ns.size()), optional(c.speedup, 1, 2, "x"),
+                      optional(c.bandwidth_bytes_per_s, 1e-9, 1), optional(c.bandwidth_percent, 1, 1),
+                      optional(c.flops_per_s, 1e-12, 2), c.info.variant, c.info.name});
+  }
+  return t;
+}
+
+ReportTable kernel_table(const RunReport& report) {
+  ReportTable t{{"Time (%)", "Total Time (ns)", "Instances", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)",
+                 "StdDev (ns)", "Name"},
+                {},
+                8,
+                ""};
+  const auto& kernels = report.kernels;
+  for (size_t i = 0; i < kernels.size() && i < kTopKernels; ++i) {
+    const profiler::KernelStats& k = kernels[i];
+    t.rows.push_back({fixed(k.time_percent, 1), std::to_string(k.total_ns), std::to_string(k.instances),
+                      fixed(k.avg_ns, 1), fixed(k.med_ns, 1), std::to_string(k.min_ns), std::to_string(k.max_ns),
+                      fixed(k.stddev_ns, 1), k.name});
+  }
+  if (kernels.size() > kTopKernels) {
+    double rest = 0;
+    for (size_t i = kTopKernels; i < kernels.size(); ++i) rest += kernels[i].time_percent;
+    t.note = std::to_string(kernels.size() - kTopKernels) + " more kernels, " + fixed(rest, 1) +
+             " % of kernel time, are not shown.";
+  }
+  return t;
+}
+
+ReportTable range_table(const RunReport& report) {
+  ReportTable t{
+      {"Wall (us)", "GPU busy (us)", "Idle (%)", "Instances", "Kernels", "Kernel time (us)", "Range"}, {}, 6, ""};
+  for (const profiler::RangeStats& r : report.ranges) {
+    t.rows.push_back({format_us(static_cast<double>(r.wall_ns)), format_us(static_cast<double>(r.busy_ns)),
+                      fixed(100 * r.idle_fraction, 1), std::to_string(r.instances), std::to_string(r.kernels),
+                      format_us(static_cast<double>(r.kernel_ns)), r.name});
+  }
+  return t;
+}
+
+std::vector<std::pair<std::string, std::string>> run_metadata(const RunReport& report) {
+  const RunInfo& r = report.run;
+  std::string gpu = or_dash(r.gpu_name);
+  if (!r.gpu_uuid.empty()) gpu += " (" + r.gpu_uuid + ")";
+  return {
+      {"Run", std::to_string(r.id) + (r.label.empty() ? "" : ": " + r.label)},
+      {"Status", or_dash(r.status) + ", exit code " + std::to_string(r.exit_code)},
+      {"Started", or_dash(r.started_at)},
+      {"Finished", or_dash(r.finished_at)},
+      {"Commit", or_dash(r.git_commit)},
+      {"Host", or_dash(r.host)},
+      {"GPU", gpu},
+      {"Driver", or_dash(r.driver_version)},
+      {"CUDA", or_dash(r.cuda_version)},
+      {"libtorch", or_dash(r.libtorch_version)},
+      {"Command line", or_dash(r.command_line)},
+      {"Dropped records", std::to_string(r.dropped_records)},
+      {"Copy ceiling", r.copy_ceiling_bytes_per_second > 0 ? fixed(r.copy_ceiling_bytes_per_second / 1e9, 1) + " GB/s"
+                                                           : "not measured"},
+      {"Traced", traced(report.totals)},
+  };
+}
+
+std::string report_markdown(const RunReport& report) {
+  std::string out = "# fusekit run " + std::to_string(report.run.id);
+  if (!report.run.label.empty()) out += ": " + markdown_text(report.run.label);
+  out += "\n\n| Field | Value |\n| --- | --- |\n";
+  for (const auto& [field, value] : run_metadata(report)) {
+    const bool code = field == "Commit" || field == "Command line";
+    out += "| " + field + " | " + (code && value != "-" ? markdown_code(value) : markdown_text(value)) + " |\n";
+  }
+  if (report.run.dropped_records > 0) {
+    out += "\n**" + std::to_string(report.run.dropped_records) +
+           " records were dropped while tracing: the kernel and range tables undercount.**\n";
+  }
+  const auto section = [&](const char* title, const ReportTable& table, const char* none) {
+    out +=
+        std::string("\n## ") + title + "\n\n" + (table.rows.empty() ? std::string(none) + "\n" : markdown_table(table));
+  };
+  section("Cases", case_table(report), "No cases in this run.");
+  section("Kernels", kernel_table(report), "No kernels were traced in this run.");
+  section("Ranges", range_table(report), "No NVTX ranges were traced in this run.");
+  return out;
+}
+
+}  // namespace fusekit::reports

@@ -1,0 +1,41 @@
+// The run report in GitHub Markdown: run metadata, then the tables of cases, kernels and ranges.
+//
+// The tables are built once as rows of text (ReportTable) and shared with the HTML writer, so both
+// reports show the same columns and the same rounding. Names, which hold `<`, `*` and `|` (templates,
+// pointers), go into code spans; other cells have Markdown's punctuation backslash-escaped.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "reports/run_report.h"
+
+namespace fusekit::reports {
+
+std::string report_markdown(const RunReport& report);
+
+// Columns before `text_from` hold numbers (right-aligned), the others text; the last column holds names.
+struct ReportTable {
+  std::vector<std::string> header;
+  std::vector<std::vector<std::string>> rows;
+  size_t text_from = 0;
+  std::string note;  // a line below the table ("7 more kernels ..."), or empty
+};
+
+inline constexpr size_t kTopKernels = 20;
+
+// Median (us), Q1–Q3 (us), Samples, Speedup, GB/s, % of copy ceiling, TFLOP/s, Variant, Case.
+ReportTable case_table(const RunReport& report);
+// The `nsys stats` columns, the top kTopKernels kernels by total time.
+ReportTable kernel_table(const RunReport& report);
+// Wall (us), GPU busy (us), Idle (%), Instances, Kernels, Kernel time (us), Range.
+ReportTable range_table(const RunReport& report);
+// (field, value) pairs: run, status, times, commit, host, GPU, versions, command line, dropped records, totals.
+std::vector<std::pair<std::string, std::string>> run_metadata(const RunReport& report);
+
+// Microseconds from nanoseconds: 3 decimals below 1 ms, 1 above; "-" if not finite.
+std::string format_us(double ns);
+
+}  // namespace fusekit::reports

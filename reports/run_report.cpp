@@ -1,0 +1,48 @@
+#include "reports/run_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+
+namespace fusekit::reports {
+
+double quantile(std::vector<double> values, double q) {
+  if (values.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(values.begin(), values.end());
+  const double position = std::clamp(q, 0.0, 1.0) * static_cast<double>(values.size() - 1);
+  const size_t below = static_cast<size_t>(std::floor(position));
+  const size_t above = std::min(below + 1, values.size() - 1);
+  const double fraction = position - static_cast<double>(below);
+  return values[below] + fraction * (values[above] - values[below]);
+}
+
+void derive_case_statistics(std::vector<CaseResult>& cases, double copy_ceiling_bytes_per_second) {
+  for (CaseResult& c : cases) {
+    c.median_ns = quantile(c.samples_ns, 0.5);
+    c.q1_ns = quantile(c.samples_ns, 0.25);
+    c.q3_ns = quantile(c.samples_ns, 0.75);
+    c.min_ns = quantile(c.samples_ns, 0.0);
+    c.max_ns = quantile(c.samples_ns, 1.0);
+    c.speedup.reset();
+    c.bandwidth_bytes_per_s.reset();
+    c.bandwidth_percent.reset();
+    c.flops_per_s.reset();
+    if (!(c.median_ns > 0)) continue;
+    if (c.info.bytes > 0) {
+      c.bandwidth_bytes_per_s = c.info.bytes / (c.median_ns * 1e-9);
+      if (copy_ceiling_bytes_per_second > 0) c.bandwidth_percent = 100.0 * *c.bandwidth_bytes_per_s / copy_ceiling_bytes_per_second;
+    }
+    if (c.info.flops > 0) c.flops_per_s = c.info.flops / (c.median_ns * 1e-9);
+  }
+  std::map<std::string, double> baseline_median;
+  for (const CaseResult& c : cases) {
+    if (c.info.variant == "baseline" && c.median_ns > 0) baseline_median[c.info.name] = c.median_ns;
+  }
+  for (CaseResult& c : cases) {
+    auto it = baseline_median.find(c.info.name);
+    if (it != baseline_median.end() && c.median_ns > 0) c.speedup = it->second / c.median_ns;
+  }
+}
+
+}  // namespace fusekit::reports

@@ -1,0 +1,77 @@
+#include "reports/terminal.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace fusekit::reports {
+
+std::string format_fixed(double value, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, value);
+  return buf;
+}
+
+std::string aligned_table(const std::vector<std::vector<std::string>>& rows, size_t left_from) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    if (width.size() < row.size()) width.resize(row.size(), 0);
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  std::string out;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::string line;
+    for (size_t c = 0; c < rows[r].size(); ++c) {
+      const std::string& cell = rows[r][c];
+      const std::string pad(width[c] - cell.size(), ' ');
+      if (c > 0) line += "  ";
+      line += c < left_from ? pad + cell : (c + 1 == rows[r].size() ? cell : cell + pad);
+    }
+    out += line + "\n";
+    if (r == 0) {
+      std::string rule;
+      for (size_t c = 0; c < width.size(); ++c) rule += (c ? "  " : "") + std::string(width[c], '-');
+      out += rule + "\n";
+    }
+  }
+  return out;
+}
+
+std::string kernel_table_text(const std::vector<profiler::KernelStats>& kernels, size_t top) {
+  std::vector<std::vector<std::string>> rows = {
+      {"Time (%)", "Total Time (ns)", "Instances", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)", "StdDev (ns)", "Name"}};
+  for (size_t i = 0; i < kernels.size() && i < top; ++i) {
+    const auto& k = kernels[i];
+    rows.push_back({format_fixed(k.time_percent, 1), std::to_string(k.total_ns), std::to_string(k.instances),
+                    format_fixed(k.avg_ns, 1), format_fixed(k.med_ns, 1), std::to_string(k.min_ns),
+                    std::to_string(k.max_ns), format_fixed(k.stddev_ns, 1), k.name});
+  }
+  std::string out = aligned_table(rows, 8);
+  if (kernels.size() > top) out += "(" + std::to_string(kernels.size() - top) + " more kernels)\n";
+  return out;
+}
+
+std::string range_table_text(const std::vector<profiler::RangeStats>& ranges, size_t top) {
+  std::vector<std::vector<std::string>> rows = {{"Wall (us)", "GPU busy (us)", "Idle (%)", "Instances", "Kernels", "Name"}};
+  for (size_t i = 0; i < ranges.size() && i < top; ++i) {
+    const auto& r = ranges[i];
+    rows.push_back({format_fixed(r.wall_ns / 1e3, 1), format_fixed(r.busy_ns / 1e3, 1), format_fixed(100 * r.idle_fraction, 1),
+                    std::to_string(r.instances), std::to_string(r.kernels), r.name});
+  }
+  std::string out = aligned_table(rows, 5);
+  if (ranges.size() > top) out += "(" + std::to_string(ranges.size() - top) + " more ranges)\n";
+  return out;
+}
+
+std::string case_table_text(const std::vector<CaseResult>& cases) {
+  std::vector<std::vector<std::string>> rows = {
+      {"Median (us)", "Q1 (us)", "Q3 (us)", "Samples", "Speedup", "GB/s", "% ceiling", "Variant", "Case"}};
+  for (const CaseResult& c : cases) {
+    rows.push_back({format_fixed(c.median_ns / 1e3, 2), format_fixed(c.q1_ns / 1e3, 2), format_fixed(c.q3_ns / 1e3, 2),
+                    std::to_string(c.samples_ns.size()), c.speedup ? format_fixed(*c.speedup, 2) + "x" : "-",
+                    c.bandwidth_bytes_per_s ? format_fixed(*c.bandwidth_bytes_per_s / 1e9, 1) : "-",
+                    c.bandwidth_percent ? format_fixed(*c.bandwidth_percent, 1) : "-", c.info.variant, c.info.name});
+  }
+  return aligned_table(rows, 7);
+}
+
+}  // namespace fusekit::reports

@@ -1,0 +1,24 @@
+// Tables for the terminal, laid out like `nsys stats`: right-aligned numbers, the name last.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "profiler/summary.h"
+#include "reports/run_report.h"
+
+namespace fusekit::reports {
+
+// Columns: Time (%), Total Time (ns), Instances, Avg (ns), Med (ns), Min (ns), Max (ns), StdDev (ns), Name.
+std::string kernel_table_text(const std::vector<profiler::KernelStats>& kernels, size_t top);
+// Columns: Wall (us), GPU busy (us), Idle (%), Instances, Kernels, Name.
+std::string range_table_text(const std::vector<profiler::RangeStats>& ranges, size_t top);
+// Columns: Median (us), Q1, Q3, Samples, Speedup, GB/s, % of copy ceiling, Variant, Case.
+std::string case_table_text(const std::vector<CaseResult>& cases);
+
+// Lays out rows (the first is the header) in columns; columns before `left_from` are right-aligned.
+std::string aligned_table(const std::vector<std::vector<std::string>>& rows, size_t left_from);
+
+std::string format_fixed(double value, int decimals);
+
+}  // namespace fusekit::reports

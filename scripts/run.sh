@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs the main job: benchmarks and traces the suites into out/fusekit.db and
+# writes its reports. Without a GPU it says so and renders the report of the shipped evidence.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/setup.sh"
+FUSEKIT="$BUILD_DIR/fusekit"
+OUT_DIR="${OUT_DIR:-$ROOT/out}"
+mkdir -p "$OUT_DIR"
+
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "fusekit: no GPU on this machine: rendering the shipped evidence instead of measuring"
+  found=0
+  for db in "$ROOT"/evidence/*/*.db; do
+    [ -e "$db" ] || continue
+    found=1
+    name="$(basename "$(dirname "$db")")-$(basename "$db" .db)"
+    "$FUSEKIT" summary --db "$db" --top 15
+    "$FUSEKIT" report --db "$db" --format html -o "$OUT_DIR/$name.html"
+    "$FUSEKIT" report --db "$db" --format md -o "$OUT_DIR/$name.md"
+    echo "fusekit: wrote $OUT_DIR/$name.html and $OUT_DIR/$name.md"
+  done
+  [ "$found" = 1 ] || echo "fusekit: no evidence store found under evidence/"
+  exit 0
+fi
+
+DB="$OUT_DIR/fusekit.db"
+"$FUSEKIT" bench --suite demo --db "$DB" --label "scripts/run.sh"
+"$FUSEKIT" summary --db "$DB" --top 15
+"$FUSEKIT" report --db "$DB" --format html -o "$OUT_DIR/report.html"
+"$FUSEKIT" report --db "$DB" --format csv -o "$OUT_DIR/cases.csv"
+"$FUSEKIT" report --db "$DB" --format md -o "$OUT_DIR/report.md"
+"$FUSEKIT" export --db "$DB" -o "$OUT_DIR/trace.json"
+echo "fusekit: wrote $DB, report.html, cases.csv, report.md and trace.json (Perfetto) in $OUT_DIR"

@@ -1,0 +1,103 @@
+#include "suites/runner.h"
+
+#include <cstdio>
+#include <stdexcept>
+
+#include "profiler/cupti_tracer.h"
+#include "profiler/range.h"
+#include "profiler/summary.h"
+
+namespace fusekit::suites {
+namespace {
+
+class Events {
+ public:
+  Events() {
+    FUSEKIT_CUDA_CHECK(cudaEventCreate(&start_));
+    FUSEKIT_CUDA_CHECK(cudaEventCreate(&stop_));
+  }
+  Events(const Events&) = delete;
+  Events& operator=(const Events&) = delete;
+  ~Events() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  cudaEvent_t start_ = nullptr;
+  cudaEvent_t stop_ = nullptr;
+};
+
+}  // namespace
+
+uint64_t run_cases(reports::Store& store, int64_t run, const std::vector<Case>& cases, const RunnerOptions& options) {
+  profiler::CuptiTracer& tracer = profiler::CuptiTracer::instance();
+  cudaStream_t stream = nullptr;
+  FUSEKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  uint64_t dropped = 0;
+  int rep_counter = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    if (!options.quiet) {
+      std::fprintf(stderr, "[%zu/%zu] %s [%s]\n", i + 1, cases.size(), c.info.name.c_str(), c.info.variant.c_str());
+    }
+    for (int r = 0; r < options.warmup; ++r) c.run(stream, rep_counter++);
+    FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+
+    std::vector<Events> events(static_cast<size_t>(options.repetitions));
+    for (int r = 0; r < options.repetitions; ++r) {
+      FUSEKIT_CUDA_CHECK(cudaEventRecord(events[r].start_, stream));
+      c.run(stream, rep_counter++);
+      FUSEKIT_CUDA_CHECK(cudaEventRecord(events[r].stop_, stream));
+    }
+    FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    FUSEKIT_CUDA_CHECK(cudaGetLastError());
+    std::vector<double> samples;
+    for (Events& e : events) {
+      float ms = 0;
+      FUSEKIT_CUDA_CHECK(cudaEventElapsedTime(&ms, e.start_, e.stop_));
+      samples.push_back(static_cast<double>(ms) * 1e6);
+    }
+    store.add_case(run, c.info, samples);
+
+    if (options.traced_repetitions > 0) {
+      tracer.start();
+      {
+        profiler::ScopedRange case_range(c.info.name + " [" + c.info.variant + "]");
+        for (int r = 0; r < options.traced_repetitions; ++r) {
+          profiler::ScopedRange rep_range("rep");
+          c.run(stream, rep_counter++);
+        }
+        FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+      }
+      tracer.stop();
+      profiler::Trace trace = tracer.flush(false);
+      dropped += trace.dropped_records;
+      store.append_trace(run, trace);
+    }
+  }
+  FUSEKIT_CUDA_CHECK(cudaStreamDestroy(stream));
+  return dropped;
+}
+
+double measure_copy_ceiling(size_t bytes, int repetitions) {
+  void* a = nullptr;
+  void* b = nullptr;
+  FUSEKIT_CUDA_CHECK(cudaMalloc(&a, bytes));
+  FUSEKIT_CUDA_CHECK(cudaMalloc(&b, bytes));
+  FUSEKIT_CUDA_CHECK(cudaMemset(a, 1, bytes));
+  Events e;
+  std::vector<double> seconds;
+  for (int r = 0; r < repetitions + 3; ++r) {
+    FUSEKIT_CUDA_CHECK(cudaEventRecord(e.start_));
+    FUSEKIT_CUDA_CHECK(cudaMemcpy(r % 2 ? a : b, r % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice));
+    FUSEKIT_CUDA_CHECK(cudaEventRecord(e.stop_));
+    FUSEKIT_CUDA_CHECK(cudaEventSynchronize(e.stop_));
+    float ms = 0;
+    FUSEKIT_CUDA_CHECK(cudaEventElapsedTime(&ms, e.start_, e.stop_));
+    if (r >= 3) seconds.push_back(static_cast<double>(ms) * 1e-3);
+  }
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * static_cast<double>(bytes) / profiler::median(seconds);
+}
+
+}  // namespace fusekit::suites

@@ -1,0 +1,50 @@
+// The runner: times cases and traces them, the same way for every suite.
+//
+// Per case: warm-up; R timed repetitions, each between two CUDA events, with the tracer off (every
+// sample is stored, for medians, spreads and the gate's significance test); then T traced
+// repetitions inside NVTX ranges "<case> [<variant>]" > "rep", whose records give the kernel shares.
+// A case rotates through its own input sets (sized by the case to exceed L2) using the repetition
+// index, so timings are of memory, not of cache.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "reports/run_report.h"
+#include "reports/store.h"
+
+namespace fusekit::suites {
+
+struct Case {
+  reports::CaseInfo info;
+  // Enqueues one repetition on `stream`; `rep` selects the input set.
+  std::function<void(cudaStream_t stream, int rep)> run;
+};
+
+struct RunnerOptions {
+  int warmup = 10;
+  int repetitions = 50;
+  int traced_repetitions = 5;
+  bool quiet = false;
+};
+
+// Runs and records every case into `run` of `store`. Returns the number of dropped trace records.
+uint64_t run_cases(reports::Store& store, int64_t run, const std::vector<Case>& cases, const RunnerOptions& options);
+
+// Median device-to-device copy bandwidth (bytes read + bytes written per second) over `bytes`-sized buffers.
+double measure_copy_ceiling(size_t bytes, int repetitions);
+
+// The one checking macro for the CUDA runtime.
+#define FUSEKIT_CUDA_CHECK(call)                                                                          \
+  do {                                                                                                    \
+    cudaError_t fusekit_status_ = (call);                                                                 \
+    if (fusekit_status_ != cudaSuccess) {                                                                 \
+      throw std::runtime_error(std::string("CUDA error: ") + #call + " failed at " + __FILE__ + ":" +     \
+                               std::to_string(__LINE__) + ": " + cudaGetErrorString(fusekit_status_));    \
+    }                                                                                                     \
+  } while (0)
+
+}  // namespace fusekit::suites

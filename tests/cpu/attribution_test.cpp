@@ -1,0 +1,222 @@
+// Attribution and summaries from synthetic records: nested ranges, several streams, overlapping
+// kernels, a range without kernels, kernels launched outside every range, two threads.
+#include <gtest/gtest.h>
+
+#include "profiler/attribution.h"
+#include "profiler/summary.h"
+
+namespace fusekit::profiler {
+namespace {
+
+constexpr uint32_t kPid = 100;
+
+RangeRecord range(const char* text, uint64_t start, uint64_t end, uint32_t tid) {
+  RangeRecord r;
+  r.start = start;
+  r.end = end;
+  r.process_id = kPid;
+  r.thread_id = tid;
+  r.end_thread_id = tid;
+  r.text = text;
+  return r;
+}
+
+// A launch call at `launch_time` on thread `tid` whose kernel runs [start, end) on `stream`.
+void launch(Trace& t, const char* name, uint64_t launch_time, uint32_t tid, uint64_t start, uint64_t end,
+            uint32_t stream = 7) {
+  const uint32_t correlation = static_cast<uint32_t>(t.api_calls.size() + 1);
+  ApiRecord a;
+  a.start = launch_time;
+  a.end = launch_time + 2;
+  a.process_id = kPid;
+  a.thread_id = tid;
+  a.correlation_id = correlation;
+  a.name = "cudaLaunchKernel";
+  t.api_calls.push_back(a);
+  KernelRecord k;
+  k.start = start;
+  k.end = end;
+  k.stream_id = stream;
+  k.correlation_id = correlation;
+  k.name = name;
+  t.kernels.push_back(k);
+}
+
+int index_of(const Trace& t, const std::string& text) {
+  for (size_t i = 0; i < t.ranges.size(); ++i) {
+    if (t.ranges[i].text == text) return static_cast<int>(i);
+  }
+  return kNoRange;
+}
+
+std::string range_of_kernel(const Trace& t, const Attribution& a, size_t kernel) {
+  return a.kernel_range[kernel] == kNoRange ? "<none>" : t.ranges[a.kernel_range[kernel]].text;
+}
+
+TEST(Attribution, InnermostRangeOnTheLaunchingThread) {
+  Trace t;
+  t.ranges.push_back(range("outer", 100, 1000, 1));
+  t.ranges.push_back(range("inner", 200, 400, 1));
+  t.ranges.push_back(range("empty", 500, 600, 1));
+  t.ranges.push_back(range("other-thread", 0, 5000, 2));
+  launch(t, "a", 150, 1, 160, 170);    // outer only
+  launch(t, "b", 250, 1, 300, 310);    // inner
+  launch(t, "c", 399, 1, 450, 460);    // inner: launched before inner closed, ran after
+  launch(t, "d", 400, 1, 470, 480);    // outer: inner is half-open, closed at 400
+  launch(t, "e", 1500, 1, 1600, 1700); // outside every range of thread 1
+  launch(t, "f", 250, 2, 260, 270);    // thread 2's range, though thread 1's inner is open then
+  const Attribution a = attribute(t);
+  EXPECT_EQ(range_of_kernel(t, a, 0), "outer");
+  EXPECT_EQ(range_of_kernel(t, a, 1), "inner");
+  EXPECT_EQ(range_of_kernel(t, a, 2), "inner");
+  EXPECT_EQ(range_of_kernel(t, a, 3), "outer");
+  EXPECT_EQ(range_of_kernel(t, a, 4), "<none>");
+  EXPECT_EQ(range_of_kernel(t, a, 5), "other-thread");
+  EXPECT_EQ(a.range_parent[index_of(t, "inner")], index_of(t, "outer"));
+  EXPECT_EQ(a.range_parent[index_of(t, "empty")], index_of(t, "outer"));
+  EXPECT_EQ(a.range_parent[index_of(t, "outer")], kNoRange);
+  EXPECT_EQ(a.range_parent[index_of(t, "other-thread")], kNoRange);
+  EXPECT_TRUE(range_within(a, index_of(t, "inner"), index_of(t, "outer")));
+  EXPECT_FALSE(range_within(a, index_of(t, "outer"), index_of(t, "inner")));
+  EXPECT_EQ(a.kernels_without_api_record, 0u);
+}
+
+TEST(Attribution, KernelWithoutLaunchRecordAndUnclosedRange) {
+  Trace t;
+  t.ranges.push_back(range("never-closed", 100, 0, 1));
+  launch(t, "a", 200, 1, 300, 400);
+  KernelRecord orphan;
+  orphan.correlation_id = 999;
+  orphan.start = 10;
+  orphan.end = 20;
+  orphan.name = "orphan";
+  t.kernels.push_back(orphan);
+  const Attribution a = attribute(t);
+  EXPECT_EQ(range_of_kernel(t, a, 0), "never-closed");
+  EXPECT_EQ(a.kernel_range[1], kNoRange);
+  EXPECT_EQ(a.kernels_without_api_record, 1u);
+}
+
+TEST(Attribution, CopiesAndMemsetsFollowTheirCalls) {
+  Trace t;
+  t.ranges.push_back(range("copy-range", 0, 100, 3));
+  ApiRecord call;
+  call.start = 50;
+  call.process_id = kPid;
+  call.thread_id = 3;
+  call.correlation_id = 42;
+  t.api_calls.push_back(call);
+  MemcpyRecord m;
+  m.correlation_id = 42;
+  m.bytes = 4096;
+  t.memcpys.push_back(m);
+  MemsetRecord s;
+  s.correlation_id = 43;  // no call recorded
+  t.memsets.push_back(s);
+  const Attribution a = attribute(t);
+  EXPECT_EQ(a.memcpy_range[0], 0);
+  EXPECT_EQ(a.memset_range[0], kNoRange);
+}
+
+TEST(Summary, UnionOfOverlappingIntervals) {
+  EXPECT_EQ(union_length({}), 0u);
+  EXPECT_EQ(union_length({{0, 10}, {5, 15}, {20, 30}, {25, 26}}), 25u);
+  EXPECT_EQ(union_length({{20, 30}, {0, 10}, {10, 20}}), 30u);
+  EXPECT_EQ(union_length({{5, 5}, {7, 3}}), 0u);
+}
+
+TEST(Summary, KernelTableMatchesNsysColumns) {
+  Trace t;
+  t.ranges.push_back(range("step", 0, 10000, 1));
+  launch(t, "void gemm<float>(float*)", 10, 1, 100, 200);   // 100
+  launch(t, "void gemm<float>(float*)", 20, 1, 200, 500);   // 300
+  launch(t, "void gemm<float>(float*)", 30, 1, 500, 700);   // 200
+  launch(t, "relu", 40, 1, 700, 1100);                      // 400
+  launch(t, "outside", 20000, 1, 20000, 20100);             // 100, no range
+  const Attribution a = attribute(t);
+  const auto all = summarize_kernels(t, a);
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all[0].name, "void gemm<float>(float*)");
+  EXPECT_EQ(all[0].total_ns, 600u);
+  EXPECT_EQ(all[0].instances, 3u);
+  EXPECT_DOUBLE_EQ(all[0].avg_ns, 200.0);
+  EXPECT_DOUBLE_EQ(all[0].med_ns, 200.0);
+  EXPECT_EQ(all[0].min_ns, 100u);
+  EXPECT_EQ(all[0].max_ns, 300u);
+  EXPECT_DOUBLE_EQ(all[0].stddev_ns, 100.0);  // sample standard deviation of 100, 300, 200
+  EXPECT_NEAR(all[0].time_percent, 600.0 / 1100.0 * 100.0, 1e-9);
+  EXPECT_EQ(all[1].name, "relu");
+  EXPECT_EQ(all[2].stddev_ns, 0.0);
+
+  const auto in_step = summarize_kernels(t, a, std::string("step"));
+  ASSERT_EQ(in_step.size(), 2u);
+  EXPECT_NEAR(in_step[0].time_percent + in_step[1].time_percent, 100.0, 1e-9);
+
+  const auto short_names = summarize_kernels(t, a, std::nullopt, true);
+  EXPECT_EQ(short_names[0].name, "gemm");
+}
+
+TEST(Summary, RangesCountBusyTimeOnceAcrossStreams) {
+  Trace t;
+  t.ranges.push_back(range("step", 0, 1000, 1));
+  t.ranges.push_back(range("forward", 10, 500, 1));
+  t.ranges.push_back(range("idle-range", 600, 700, 1));
+  launch(t, "k1", 20, 1, 100, 300, /*stream=*/7);
+  launch(t, "k2", 30, 1, 200, 400, /*stream=*/8);  // overlaps k1 on another stream
+  launch(t, "k3", 550, 1, 800, 900, /*stream=*/7);  // in step, not in forward
+  const Attribution a = attribute(t);
+  const auto ranges = summarize_ranges(t, a);
+  auto find = [&](const std::string& name) {
+    for (const auto& r : ranges) {
+      if (r.name == name) return r;
+    }
+    ADD_FAILURE() << "no range " << name;
+    return RangeStats{};
+  };
+  const RangeStats step = find("step");
+  EXPECT_EQ(step.wall_ns, 1000u);
+  EXPECT_EQ(step.busy_ns, 300u + 100u);  // [100,400) once, plus [800,900)
+  EXPECT_EQ(step.kernel_ns, 200u + 200u + 100u);
+  EXPECT_EQ(step.kernels, 3u);
+  EXPECT_NEAR(step.idle_fraction, 0.6, 1e-12);
+  const RangeStats forward = find("forward");
+  EXPECT_EQ(forward.busy_ns, 300u);
+  EXPECT_EQ(forward.kernels, 2u);
+  const RangeStats idle = find("idle-range");
+  EXPECT_EQ(idle.kernels, 0u);
+  EXPECT_EQ(idle.busy_ns, 0u);
+  EXPECT_DOUBLE_EQ(idle.idle_fraction, 1.0);
+
+  const RunTotals totals = summarize_run(t);
+  EXPECT_EQ(totals.kernels, 3u);
+  EXPECT_EQ(totals.busy_ns, 400u);
+  EXPECT_EQ(totals.wall_ns, 990u);  // from 10: CUPTI writes 0 for an unknown time, so 0 is ignored
+}
+
+TEST(Summary, RepeatedRangeNamesAggregate) {
+  Trace t;
+  for (uint64_t i = 0; i < 4; ++i) {
+    t.ranges.push_back(range("rep", i * 100, i * 100 + 50, 1));
+    launch(t, "k", i * 100 + 1, 1, i * 100 + 10, i * 100 + 30);
+  }
+  const auto ranges = summarize_ranges(t, attribute(t));
+  ASSERT_EQ(ranges.size(), 1u);
+  EXPECT_EQ(ranges[0].instances, 4u);
+  EXPECT_EQ(ranges[0].wall_ns, 200u);
+  EXPECT_EQ(ranges[0].busy_ns, 80u);
+}
+
+TEST(Names, ShortKernelNames) {
+  EXPECT_EQ(short_kernel_name("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+                              "std::array<char*, 1ul> >(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)"),
+            "vectorized_elementwise_kernel");
+  EXPECT_EQ(short_kernel_name("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32"),
+            "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32");
+  EXPECT_EQ(short_kernel_name("void (anonymous namespace)::scale_kernel(float const*, float*, float, unsigned long)"),
+            "scale_kernel");
+  EXPECT_EQ(demangle("_Z3addPfS_i"), "add(float*, float*, int)");
+  EXPECT_EQ(demangle("not_mangled"), "not_mangled");
+}
+
+}  // namespace
+}  // namespace fusekit::profiler

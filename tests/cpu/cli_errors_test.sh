@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The CLI on bad input: each case must exit with the expected code and say one clear line, and
+# must leave a foreign file untouched. Runs without a GPU.
+set -u
+FUSEKIT="$1"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+failures=0
+passed=0
+
+# expect CODE PATTERN -- command...: exit code and a line of stderr matching PATTERN.
+expect() {
+  local code="$1" pattern="$2"
+  shift 3
+  local err
+  err="$("$@" 2>&1 >/dev/null)"
+  local got=$?
+  if [ "$got" != "$code" ] || ! grep -qE -- "$pattern" <<<"$err"; then
+    echo "FAIL: $* -> exit $got (want $code), stderr: $err (want /$pattern/)"
+    failures=$((failures + 1))
+  else
+    passed=$((passed + 1))
+  fi
+}
+
+# A foreign SQLite file, a corrupt file, a missing file, a store of another schema version.
+python3 - "$work" <<'PY'
+import sqlite3, sys
+d = sys.argv[1]
+c = sqlite3.connect(f"{d}/foreign.db"); c.execute("CREATE TABLE t(x)"); c.commit(); c.close()
+open(f"{d}/corrupt.db", "wb").write(b"SQLite format 3\x00" + b"\x07" * 5000)
+open(f"{d}/text.db", "w").write("not a database\n")
+c = sqlite3.connect(f"{d}/v99.db")
+c.execute("CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT)")
+c.executemany("INSERT INTO meta VALUES (?, ?)", [("application", "fusekit"), ("schema_version", "99")])
+c.commit(); c.close()
+PY
+foreign_sum="$(sha256sum "$work/foreign.db")"
+
+expect 2 "subcommand" -- "$FUSEKIT"
+expect 2 "frobnicate|extra|subcommand" -- "$FUSEKIT" frobnicate
+expect 2 "db" -- "$FUSEKIT" summary
+for cmd in summary report export; do
+  extra=()
+  [ "$cmd" = report ] && extra=(--format md)
+  expect 2 "bogus|extra|not expected|argument" -- "$FUSEKIT" "$cmd" --db x.db --bogus "${extra[@]}"
+  expect 1 "no such file" -- "$FUSEKIT" "$cmd" --db "$work/missing.db" "${extra[@]}"
+  expect 1 "corrupt" -- "$FUSEKIT" "$cmd" --db "$work/corrupt.db" "${extra[@]}"
+  expect 1 "not a fusekit store" -- "$FUSEKIT" "$cmd" --db "$work/text.db" "${extra[@]}"
+  expect 1 "not a fusekit store" -- "$FUSEKIT" "$cmd" --db "$work/foreign.db" "${extra[@]}"
+  expect 1 "schema version 99" -- "$FUSEKIT" "$cmd" --db "$work/v99.db" "${extra[@]}"
+  expect 2 "run" -- "$FUSEKIT" "$cmd" --db "$work/foreign.db" --run -3 "${extra[@]}"
+done
+expect 2 "format" -- "$FUSEKIT" report --db x.db --format pdf
+expect 2 "format" -- "$FUSEKIT" report --db x.db
+expect 2 "table" -- "$FUSEKIT" report --db x.db --format csv --table nope
+expect 2 "either --against" -- "$FUSEKIT" compare --db x.db
+expect 1 "no such file" -- "$FUSEKIT" compare --db "$work/missing.db" --variants baseline,fused
+expect 1 "corrupt" -- "$FUSEKIT" compare --db "$work/corrupt.db" --against "$work/corrupt.db"
+expect 1 "not a fusekit store" -- "$FUSEKIT" compare --db "$work/foreign.db" --variants a,b
+expect 2 "baseline" -- "$FUSEKIT" gate --candidate x.db
+expect 2 "threshold|percentage" -- "$FUSEKIT" gate --baseline "$work/missing.db" --candidate x.db --threshold fast
+expect 2 "alpha" -- "$FUSEKIT" gate --baseline "$work/missing.db" --candidate x.db --alpha 2
+expect 1 "no such file" -- "$FUSEKIT" gate --baseline "$work/missing.db" --candidate "$work/missing.db"
+expect 1 "corrupt" -- "$FUSEKIT" gate --baseline "$work/corrupt.db" --candidate "$work/corrupt.db"
+expect 1 "not a fusekit store" -- "$FUSEKIT" gate --baseline "$work/foreign.db" --candidate "$work/foreign.db"
+expect 2 "command" -- "$FUSEKIT" trace --db "$work/t.db"
+expect 1 "not a fusekit store" -- "$FUSEKIT" trace --db "$work/foreign.db" -- true
+expect 1 "corrupt" -- "$FUSEKIT" trace --db "$work/corrupt.db" -- true
+expect 2 "reps|Range|range" -- "$FUSEKIT" bench --db "$work/b.db" --reps 0
+expect 2 "suite" -- "$FUSEKIT" bench --db "$work/b.db" --suite nope
+expect 1 "not a fusekit store" -- "$FUSEKIT" bench --db "$work/foreign.db"
+
+if [ "$foreign_sum" != "$(sha256sum "$work/foreign.db")" ]; then
+  echo "FAIL: the foreign SQLite file was modified"
+  failures=$((failures + 1))
+else
+  passed=$((passed + 1))
+fi
+# Help works and exits 0 for every subcommand.
+for cmd in bench trace summary compare report export gate; do
+  if "$FUSEKIT" "$cmd" --help | grep -q -- "--"; then passed=$((passed + 1)); else
+    echo "FAIL: fusekit $cmd --help"
+    failures=$((failures + 1))
+  fi
+done
+echo "cli_errors: $passed passed, $failures failed"
+[ "$failures" = 0 ]

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The CLI on good input, without a GPU: every read-only subcommand on a synthetic store, and the
+# gate's exit code on a clear regression, on no change and on cases present on one side only.
+set -u
+FUSEKIT="$1"
+MAKE_STORE="$2"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+failures=0
+passed=0
+check() {  # check DESCRIPTION COMMAND...: the command must succeed
+  local what="$1"
+  shift
+  if "$@" >"$work/cmd.out" 2>"$work/last.err"; then passed=$((passed + 1)); else
+    echo "FAIL: $what: $(head -c 400 "$work/last.err")"
+    failures=$((failures + 1))
+  fi
+  # A grep reads last.out: the output of the command before it.
+  [ "$1" = grep ] || cp "$work/cmd.out" "$work/last.out"
+}
+check_code() {  # check_code CODE DESCRIPTION COMMAND...
+  local code="$1" what="$2"
+  shift 2
+  "$@" >"$work/last.out" 2>"$work/last.err"
+  local got=$?
+  cat "$work/last.err" >>"$work/last.out"
+  if [ "$got" = "$code" ]; then passed=$((passed + 1)); else
+    echo "FAIL: $what: exit $got, want $code: $(head -c 400 "$work/last.err")"
+    failures=$((failures + 1))
+  fi
+}
+
+"$MAKE_STORE" "$work/a.db" 1000 500 1 || exit 1
+"$MAKE_STORE" "$work/same.db" 1000 500 2 || exit 1
+"$MAKE_STORE" "$work/slow.db" 1000 650 3 || exit 1
+
+check "summary" "$FUSEKIT" summary --db "$work/a.db"
+check "summary lists the kernel" grep -q "scale_kernel" "$work/last.out"
+check "summary --range" "$FUSEKIT" summary --db "$work/a.db" --range step --short-names
+check "summary short name" grep -q "fused_kernel" "$work/last.out"
+check "summary shows the 2x speedup" "$FUSEKIT" summary --db "$work/a.db"
+check "speedup in cases table" grep -Eq "(1\.9[0-9]|2\.0[0-9])x" "$work/last.out"
+for format in csv md json html; do
+  check "report $format" "$FUSEKIT" report --db "$work/a.db" --format "$format" -o "$work/report.$format"
+  check "report $format is not empty" test -s "$work/report.$format"
+done
+check "report csv kernels" "$FUSEKIT" report --db "$work/a.db" --run 1 --format csv --table kernels
+check "csv has the nsys columns" grep -q "Instances" "$work/last.out"
+check "report json parses" python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$work/report.json"
+check "export" "$FUSEKIT" export --db "$work/a.db" -o "$work/trace.json"
+check "export parses" python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['traceEvents']" "$work/trace.json"
+check_code 1 "report refuses to overwrite a store" "$FUSEKIT" report --db "$work/a.db" --format md -o "$work/same.db"
+check "the store it refused survives" "$FUSEKIT" summary --db "$work/same.db"
+check "compare variants" "$FUSEKIT" compare --db "$work/a.db" --variants baseline,fused
+check "compare two runs" "$FUSEKIT" compare --db "$work/a.db" --against "$work/slow.db"
+check "compare markdown" "$FUSEKIT" compare --db "$work/a.db" --against "$work/slow.db" --markdown
+check_code 0 "gate: no change" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/same.db"
+check_code 1 "gate: 30% regression" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/slow.db" --markdown "$work/gate.md"
+check "gate names the regression" grep -qi "regress" "$work/last.out"
+check "gate wrote markdown" grep -q "|" "$work/gate.md"
+check_code 0 "gate: 30% slower passes a 40% threshold" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/slow.db" --threshold 40%
+check_code 0 "gate: improvement is not a regression" "$FUSEKIT" gate --baseline "$work/slow.db" --candidate "$work/a.db"
+check_code 1 "no such run" "$FUSEKIT" summary --db "$work/a.db" --run 7
+echo "cli_smoke: $passed passed, $failures failed"
+[ "$failures" = 0 ]

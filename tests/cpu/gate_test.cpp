@@ -1,0 +1,269 @@
+// The Mann-Whitney U test against hand-derived and exactly counted p-values, and the regression gate on
+// seeded synthetic samples: a clear regression, an improvement, identical distributions, noise, a shift
+// below the threshold, one-sided cases and too few samples.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <stdexcept>
+
+#include "profiler/summary.h"
+#include "reports/gate.h"
+
+namespace fusekit::reports {
+namespace {
+
+CaseResult make_case(const std::string& name, const std::string& variant, std::vector<double> samples_ns) {
+  CaseResult c;
+  c.info.name = name;
+  c.info.variant = variant;
+  c.median_ns = profiler::median(samples_ns);
+  c.samples_ns = std::move(samples_ns);
+  return c;
+}
+
+// `count` samples of median_ns * (1 + relative_noise * N(0, 1)).
+std::vector<double> noisy_samples(std::mt19937& rng, double median_ns, double relative_noise, size_t count) {
+  std::normal_distribution<double> noise(0.0, relative_noise);
+  std::vector<double> samples;
+  for (size_t i = 0; i < count; ++i) samples.push_back(median_ns * (1 + noise(rng)));
+  return samples;
+}
+
+// ---- Mann-Whitney U
+
+// With no ties and sizes m, n every one of the C(m+n, m) orderings is equally likely under the null
+// hypothesis; two-sided p = 2 P(U <= min(U, mn - U)).
+TEST(MannWhitney, SeparatedSamplesTakeTheSmallestExactP) {
+  // Only one of the C(6, 3) = 20 orderings gives U = 0: p = 2 / 20.
+  const MannWhitneyResult r = mann_whitney_u({1, 2, 3}, {4, 5, 6});
+  EXPECT_EQ(r.u, 0);
+  EXPECT_NEAR(r.p_value, 0.1, 1e-15);
+}
+
+TEST(MannWhitney, InterleavedSamplesExact) {
+  // U = 3 pairs with a > b (3 > 2, 5 > 2, 5 > 4). The counts of U = 0..9 for sizes 3, 3 are
+  // 1 1 2 3 3 3 3 2 1 1, so P(U <= 3) = 7 / 20 and p = 0.7.
+  const MannWhitneyResult r = mann_whitney_u({1, 3, 5}, {2, 4, 6});
+  EXPECT_EQ(r.u, 3);
+  EXPECT_NEAR(r.p_value, 0.7, 1e-15);
+}
+
+TEST(MannWhitney, ScipyDocumentationExample) {
+  // scipy.stats.mannwhitneyu's documented example: U = 17, exact p = 14 / 126.
+  const MannWhitneyResult r = mann_whitney_u({19, 22, 16, 29, 24}, {20, 11, 17, 12});
+  EXPECT_EQ(r.u, 17);
+  EXPECT_NEAR(r.p_value, 1.0 / 9, 1e-15);
+}
+
+TEST(MannWhitney, ArgumentOrderMirrorsU) {
+  const std::vector<double> a = {3.1, 0.5, 7.2, 4.4, 9.0, 1.2}, b = {2.0, 8.8, 6.1, 5.5};
+  const MannWhitneyResult ab = mann_whitney_u(a, b), ba = mann_whitney_u(b, a);
+  EXPECT_EQ(ab.u + ba.u, 24);
+  EXPECT_DOUBLE_EQ(ab.p_value, ba.p_value);
+}
+
+TEST(MannWhitney, ExactAtTheLargestExactSizes) {
+  std::vector<double> a, b, shifted;
+  for (int i = 0; i < 50; ++i) {
+    a.push_back(i);
+    b.push_back(i + 100);
+    shifted.push_back(i + 20.5);
+  }
+  // Full separation: p = 2 / C(100, 50), C(100, 50) = 100891344545564193334812497256.
+  const MannWhitneyResult separated = mann_whitney_u(a, b);
+  EXPECT_EQ(separated.u, 0);
+  EXPECT_NEAR(separated.p_value / (2 / 100891344545564193334812497256.0), 1, 1e-12);
+  // a_i > shifted_j iff i >= j + 21: U = 29 + 28 + ... + 1 = 435. Reference p from an independent count in
+  // Python big integers (the recurrence c(m, n, u) = c(m-1, n, u-n) + c(m, n-1, u)).
+  const MannWhitneyResult partial = mann_whitney_u(a, shifted);
+  EXPECT_EQ(partial.u, 435);
+  EXPECT_NEAR(partial.p_value / 3.3553375012889068e-09, 1, 1e-10);
+}
+
+TEST(MannWhitney, NormalApproximationWithTies) {
+  // Pooled and sorted: 1(a) | 2 2 2 (a a b) ranks 2-4, average 3 | 3 3 3 (a b b) ranks 5-7, average 6 | 4(a) 8 |
+  // 5(b) 9 | 6 6 (b b) 10.5. R_a = 1 + 3 + 3 + 6 + 8 = 21, U = 21 - 15 = 6, mean 15.
+  // Ties: sum t^3 - t = 24 + 24 + 6 = 54; sigma^2 = 30 / 12 * (12 - 54 / 110) = 28.7727...
+  // z = (24 - 15 - 0.5) / sigma = 1.58463...; p = erfc(z / sqrt 2).
+  const MannWhitneyResult r = mann_whitney_u({1, 2, 2, 3, 4}, {2, 3, 3, 5, 6, 6});
+  EXPECT_EQ(r.u, 6);
+  EXPECT_NEAR(r.p_value, 0.11304997885632297, 1e-12);
+}
+
+TEST(MannWhitney, NormalApproximationAboveTheExactSizes) {
+  // 60 against 60 without ties: a_i > b_j iff i >= j + 31, so U = 435; mean 1800, sigma = sqrt(3600 * 121 / 12),
+  // z = (3165 - 1800 - 0.5) / sigma = 7.1618.
+  std::vector<double> a, b;
+  for (int i = 0; i < 60; ++i) {
+    a.push_back(i);
+    b.push_back(i + 30.5);
+  }
+  const MannWhitneyResult r = mann_whitney_u(a, b);
+  EXPECT_EQ(r.u, 435);
+  EXPECT_NEAR(r.p_value / 7.964332670470494e-13, 1, 1e-9);
+}
+
+TEST(MannWhitney, IdenticalValuesGiveOne) {
+  const MannWhitneyResult r = mann_whitney_u({5, 5, 5, 5}, {5, 5, 5});
+  EXPECT_EQ(r.u, 6);
+  EXPECT_EQ(r.p_value, 1);
+}
+
+TEST(MannWhitney, RejectsEmptySamplesAndNaN) {
+  EXPECT_THROW(mann_whitney_u({}, {1, 2}), std::invalid_argument);
+  EXPECT_THROW(mann_whitney_u({1, 2}, {}), std::invalid_argument);
+  EXPECT_THROW(mann_whitney_u({1, std::nan("")}, {1, 2}), std::invalid_argument);
+}
+
+// ---- the gate
+
+TEST(Gate, ClearRegression) {
+  std::mt19937 rng(1234);
+  const auto baseline = noisy_samples(rng, 100e3, 0.01, 20);
+  const auto candidate = noisy_samples(rng, 120e3, 0.01, 20);
+  const GateResult g = run_gate({make_case("ln/8192x768", "fused", baseline)},
+                                {make_case("ln/8192x768", "fused", candidate)}, GateOptions{});
+  ASSERT_EQ(g.rows.size(), 1u);
+  const GateRow& row = g.rows[0];
+  EXPECT_EQ(row.verdict, Verdict::regressed);
+  EXPECT_TRUE(g.any_regression());
+  EXPECT_EQ(row.baseline_n, 20u);
+  EXPECT_EQ(row.candidate_n, 20u);
+  EXPECT_NEAR(row.change, 0.2, 0.02);
+  // Full separation of 20 against 20 would give 2 / C(40, 20) = 1.45e-11; anything near it is far below alpha.
+  EXPECT_LT(row.p_value, 1e-8);
+  EXPECT_DOUBLE_EQ(row.baseline_median_ns, profiler::median(baseline));
+}
+
+TEST(Gate, ImprovementIsNotARegression) {
+  std::mt19937 rng(99);
+  const GateResult g = run_gate({make_case("gelu", "fused", noisy_samples(rng, 50e3, 0.01, 20))},
+                                {make_case("gelu", "fused", noisy_samples(rng, 40e3, 0.01, 20))}, GateOptions{});
+  ASSERT_EQ(g.rows.size(), 1u);
+  EXPECT_EQ(g.rows[0].verdict, Verdict::improved);
+  EXPECT_NEAR(g.rows[0].change, -0.2, 0.02);
+  EXPECT_FALSE(g.any_regression());
+}
+
+TEST(Gate, IdenticalDistributionsNeverRegress) {
+  // 200 independent pairs drawn from one distribution: the test alone rejects about alpha = 1% of them, but a
+  // 5% median shift with 2% noise and 20 samples lies about 8 standard errors out, so the gate flags none.
+  std::mt19937 rng(7);
+  size_t significant = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const GateResult g = run_gate({make_case("softmax", "fused", noisy_samples(rng, 80e3, 0.02, 20))},
+                                  {make_case("softmax", "fused", noisy_samples(rng, 80e3, 0.02, 20))}, GateOptions{});
+    ASSERT_EQ(g.rows.size(), 1u);
+    EXPECT_NE(g.rows[0].verdict, Verdict::regressed) << "trial " << trial;
+    EXPECT_FALSE(g.any_regression());
+    significant += g.rows[0].p_value < 0.01;
+  }
+  // Binomial(200, 0.01): mean 2, P(more than 8) < 1e-3.
+  EXPECT_LE(significant, 8u);
+}
+
+TEST(Gate, LargeNoiseHidesATinyShift) {
+  std::mt19937 rng(42);
+  const GateResult g = run_gate({make_case("attn", "fused", noisy_samples(rng, 200e3, 0.3, 20))},
+                                {make_case("attn", "fused", noisy_samples(rng, 204e3, 0.3, 20))}, GateOptions{});
+  ASSERT_EQ(g.rows.size(), 1u);
+  EXPECT_EQ(g.rows[0].verdict, Verdict::unchanged);
+  EXPECT_GT(g.rows[0].p_value, 0.01);
+}
+
+TEST(Gate, SignificantShiftBelowThresholdIsUnchanged) {
+  std::mt19937 rng(5);
+  const GateResult g = run_gate({make_case("adamw", "fused", noisy_samples(rng, 100e3, 0.001, 20))},
+                                {make_case("adamw", "fused", noisy_samples(rng, 102e3, 0.001, 20))}, GateOptions{});
+  ASSERT_EQ(g.rows.size(), 1u);
+  EXPECT_LT(g.rows[0].p_value, 1e-8);
+  EXPECT_NEAR(g.rows[0].change, 0.02, 0.002);
+  EXPECT_EQ(g.rows[0].verdict, Verdict::unchanged);
+
+  GateOptions strict;
+  strict.threshold = 0.01;
+  EXPECT_EQ(run_gate({make_case("adamw", "fused", noisy_samples(rng, 100e3, 0.001, 20))},
+                     {make_case("adamw", "fused", noisy_samples(rng, 102e3, 0.001, 20))}, strict)
+                .rows[0]
+                .verdict,
+            Verdict::regressed);
+}
+
+TEST(Gate, OneSidedCasesAreListedNotCompared) {
+  std::mt19937 rng(11);
+  const std::vector<CaseResult> baseline = {make_case("ln", "fused", noisy_samples(rng, 1e5, 0.01, 10)),
+                                            make_case("old", "fused", noisy_samples(rng, 1e5, 0.01, 10))};
+  const std::vector<CaseResult> candidate = {make_case("new", "fused", noisy_samples(rng, 9e5, 0.01, 10)),
+                                             make_case("ln", "fused", noisy_samples(rng, 1e5, 0.01, 10)),
+                                             make_case("ln", "baseline", noisy_samples(rng, 1e5, 0.01, 10))};
+  const GateResult g = run_gate(baseline, candidate, GateOptions{});
+  ASSERT_EQ(g.rows.size(), 1u);
+  EXPECT_EQ(g.rows[0].name, "ln");
+  EXPECT_EQ(g.rows[0].variant, "fused");
+  EXPECT_EQ(g.only_in_baseline, std::vector<std::string>{"old [fused]"});
+  EXPECT_EQ(g.only_in_candidate, (std::vector<std::string>{"new [fused]", "ln [baseline]"}));
+  EXPECT_FALSE(g.any_regression());
+  const std::string text = gate_table_text(g);
+  EXPECT_NE(text.find("only in baseline:  old [fused]\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("only in candidate: ln [baseline]\n"), std::string::npos) << text;
+  const std::string markdown = gate_table_markdown(g);
+  EXPECT_NE(markdown.find("**Only in candidate:**\n\n- `new [fused]`\n- `ln [baseline]`\n"), std::string::npos)
+      << markdown;
+}
+
+TEST(Gate, TooFewSamplesIsVisibleButNotARegression) {
+  const GateResult g = run_gate({make_case("ln", "fused", {100, 101, 102, 103})},
+                                {make_case("ln", "fused", {150, 151, 152, 153, 154, 155})}, GateOptions{});
+  ASSERT_EQ(g.rows.size(), 1u);
+  EXPECT_EQ(g.rows[0].verdict, Verdict::too_few_samples);
+  EXPECT_TRUE(std::isnan(g.rows[0].p_value));
+  EXPECT_NEAR(g.rows[0].change, 152.5 / 101.5 - 1, 1e-12);
+  EXPECT_FALSE(g.any_regression());
+  EXPECT_NE(gate_table_text(g).find("too few samples"), std::string::npos);
+}
+
+TEST(Gate, MediansComeFromSamples) {
+  CaseResult base = make_case("ln", "fused", {10, 11, 12, 13, 14});
+  CaseResult cand = make_case("ln", "fused", {10, 11, 12, 13, 14});
+  base.median_ns = 1;  // stale: the gate must not read it
+  const GateResult g = run_gate({base}, {cand}, GateOptions{});
+  EXPECT_EQ(g.rows[0].baseline_median_ns, 12);
+  EXPECT_EQ(g.rows[0].change, 0);
+  EXPECT_EQ(g.rows[0].verdict, Verdict::unchanged);
+}
+
+TEST(Gate, RejectsDuplicateCasesAndBadOptions) {
+  const CaseResult c = make_case("ln", "fused", {1, 2, 3, 4, 5});
+  EXPECT_THROW(run_gate({c, c}, {c}, GateOptions{}), std::invalid_argument);
+  GateOptions bad_alpha;
+  bad_alpha.alpha = 0;
+  EXPECT_THROW(run_gate({c}, {c}, bad_alpha), std::invalid_argument);
+  GateOptions bad_threshold;
+  bad_threshold.threshold = -0.1;
+  EXPECT_THROW(run_gate({c}, {c}, bad_threshold), std::invalid_argument);
+}
+
+TEST(Gate, TablesShowEveryRow) {
+  const GateResult g = run_gate({make_case("a|b", "fused", {1000, 1001, 1002, 1003, 1004}),
+                                 make_case("c", "fused", {1000, 1001, 1002, 1003, 1004})},
+                                {make_case("a|b", "fused", {1500, 1501, 1502, 1503, 1504}),
+                                 make_case("c", "fused", {1000, 1001, 1002, 1003, 1004})},
+                                GateOptions{});
+  // 5 against 5 fully separated: exact p = 2 / C(10, 5) = 0.0079 < 0.01.
+  ASSERT_EQ(g.rows[0].verdict, Verdict::regressed);
+  EXPECT_NEAR(g.rows[0].p_value, 2.0 / 252, 1e-15);
+  const std::string text = gate_table_text(g);
+  EXPECT_NE(text.find("\n        1.002           1.502       +49.9    0.008      5/5  regressed  fused    a|b\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("1 regressed, 0 improved, 1 unchanged, 0 too few samples\n"), std::string::npos) << text;
+  const std::string markdown = gate_table_markdown(g);
+  EXPECT_EQ(markdown.rfind("| Baseline (us) | Candidate (us) |", 0), 0u) << markdown;
+  EXPECT_NE(markdown.find("| ---: | ---: | ---: | ---: | ---: | --- | --- | --- |\n"), std::string::npos) << markdown;
+  EXPECT_NE(markdown.find("| **regressed** | `fused` | `a\\|b` |\n"), std::string::npos) << markdown;
+  EXPECT_EQ(verdict_name(Verdict::too_few_samples), "too few samples");
+}
+
+}  // namespace
+}  // namespace fusekit::reports

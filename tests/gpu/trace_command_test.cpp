@@ -1,0 +1,142 @@
+// `fusekit trace -- cmd` on unmodified programs: a plain CUDA program with known activity, and a
+// PyTorch training loop, whose total kernel time is checked against PyTorch's own profiler.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "gpu_test_support.h"
+#include "profiler/attribution.h"
+#include "profiler/summary.h"
+#include "reports/store.h"
+
+namespace fusekit {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code;
+  std::string output;
+};
+
+Result run(const std::string& command) {
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen((command + " 2>&1").c_str(), "r"), pclose);
+  std::string output;
+  std::array<char, 4096> buf{};
+  while (pipe && fgets(buf.data(), buf.size(), pipe.get())) output += buf.data();
+  int status = pclose(pipe.release());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+std::string temp_db(const char* name) {
+  fs::path p = fs::temp_directory_path() / (std::string("fusekit_") + name + "_" + std::to_string(getpid()) + ".db");
+  fs::remove(p);
+  fs::remove(p.string() + "-wal");
+  fs::remove(p.string() + "-shm");
+  return p.string();
+}
+
+bool torch_with_cuda() {
+  return run("python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'").exit_code == 0;
+}
+
+TEST(TraceCommand, PlainCudaProgram) {
+  FUSEKIT_REQUIRE_GPU();
+  const std::string db = temp_db("plain");
+  const Result r = run(std::string(FUSEKIT_BINARY) + " trace --db " + db + " -- " + TRACED_PROGRAM);
+  ASSERT_EQ(r.exit_code, 3) << "the program's exit code must pass through\n" << r.output;
+  EXPECT_NE(r.output.find("traced_program: done"), std::string::npos) << r.output;
+
+  reports::Store store = reports::Store::open(db, reports::Store::Mode::read_only);
+  const reports::RunInfo info = store.run(store.latest_run());
+  EXPECT_EQ(info.status, "failed");
+  EXPECT_EQ(info.exit_code, 3);
+  EXPECT_EQ(info.dropped_records, 0u);
+  const profiler::Trace t = store.load_trace(info.id);
+  const profiler::Attribution a = profiler::attribute(t);
+  int traced = 0, outside = 0;
+  for (size_t i = 0; i < t.kernels.size(); ++i) {
+    const std::string& name = t.kernels[i].name;
+    const std::string range = a.kernel_range[i] == profiler::kNoRange ? "" : t.ranges[a.kernel_range[i]].text;
+    if (name.find("traced_kernel") != std::string::npos) {
+      ++traced;
+      EXPECT_EQ(range, "inner");
+      EXPECT_EQ(t.kernels[i].block_x, 256);
+    }
+    if (name.find("untraced_range_kernel") != std::string::npos) {
+      ++outside;
+      EXPECT_EQ(range, "");
+    }
+  }
+  EXPECT_EQ(traced, 4);
+  EXPECT_EQ(outside, 1);
+  ASSERT_GE(t.memcpys.size(), 1u);
+  EXPECT_EQ(t.memcpys[0].bytes, (1u << 20) * sizeof(float));
+  ASSERT_EQ(t.ranges.size(), 2u);
+  fs::remove(db);
+}
+
+TEST(TraceCommand, MissingProgramFailsClearly) {
+  FUSEKIT_REQUIRE_GPU();
+  const std::string db = temp_db("missing");
+  const Result r = run(std::string(FUSEKIT_BINARY) + " trace --db " + db + " -- /nonexistent/program");
+  EXPECT_EQ(r.exit_code, 127) << r.output;
+  EXPECT_NE(r.output.find("cannot run"), std::string::npos) << r.output;
+  fs::remove(db);
+}
+
+TEST(TraceCommand, PyTorchTrainingLoopMatchesTorchProfiler) {
+  FUSEKIT_REQUIRE_GPU();
+  if (!torch_with_cuda()) GTEST_SKIP() << "no PyTorch with CUDA";
+  const std::string db = temp_db("torch");
+  const Result traced = run(std::string(FUSEKIT_BINARY) + " trace --db " + db + " -- python3 " + TORCH_TRAIN_LOOP +
+                            " --steps 30 --exit-code 4");
+  ASSERT_EQ(traced.exit_code, 4) << traced.output;
+
+  reports::Store store = reports::Store::open(db, reports::Store::Mode::read_only);
+  const profiler::Trace t = store.load_trace(store.latest_run());
+  const profiler::Attribution a = profiler::attribute(t);
+  bool gemm = false, elementwise = false;
+  for (const auto& k : t.kernels) {
+    gemm |= k.name.find("gemm") != std::string::npos || k.name.find("xmma") != std::string::npos ||
+            k.name.find("cutlass") != std::string::npos;
+    elementwise |= k.name.find("elementwise") != std::string::npos;
+  }
+  EXPECT_TRUE(gemm) << "no cuBLAS GEMM kernel recorded";
+  EXPECT_TRUE(elementwise) << "no elementwise kernel recorded";
+  const auto ranges = profiler::summarize_ranges(t, a);
+  uint64_t steps = 0, step_kernels = 0;
+  for (const auto& r : ranges) {
+    if (r.name == "train_step") {
+      steps = r.instances;
+      step_kernels = r.kernels;
+    }
+  }
+  EXPECT_EQ(steps, 30u);
+  EXPECT_GT(step_kernels, 30u * 5);
+  uint64_t fusekit_ns = 0;
+  for (const auto& k : profiler::summarize_kernels(t, a, std::string("train_loop"))) fusekit_ns += k.total_ns;
+
+  const std::string json = (fs::temp_directory_path() / ("fusekit_torch_profile_" + std::to_string(getpid()) + ".json")).string();
+  const Result profiled = run(std::string("python3 ") + TORCH_TRAIN_LOOP + " --steps 30 --torch-profiler " + json);
+  ASSERT_EQ(profiled.exit_code, 0) << profiled.output;
+  const size_t at = profiled.output.find("torch_profiler_kernel_ns ");
+  ASSERT_NE(at, std::string::npos) << profiled.output;
+  const double torch_ns = std::stod(profiled.output.substr(at + 25));
+  std::printf("total GPU kernel time of the loop: fusekit trace %.3f ms, torch.profiler %.3f ms, ratio %.4f\n",
+              fusekit_ns / 1e6, torch_ns / 1e6, fusekit_ns / torch_ns);
+  RecordProperty("fusekit_kernel_ns", std::to_string(fusekit_ns));
+  RecordProperty("torch_profiler_kernel_ns", std::to_string(static_cast<uint64_t>(torch_ns)));
+  EXPECT_NEAR(static_cast<double>(fusekit_ns) / torch_ns, 1.0, 0.05);
+  fs::remove(db);
+  fs::remove(json);
+}
+
+}  // namespace
+}  // namespace fusekit
