@@ -43,12 +43,9 @@ if(NOT GTest_FOUND)
   add_library(GTest::gtest_main ALIAS gtest_main)
 endif()
 
-# CUPTI and NVTX3 ship with the CUDA toolkit.
-find_library(CUPTI_LIBRARY cupti HINTS "${CUDAToolkit_LIBRARY_DIR}" "${CUDAToolkit_LIBRARY_ROOT}/extras/CUPTI/lib64")
-find_path(CUPTI_INCLUDE_DIR cupti.h HINTS "${CUDAToolkit_INCLUDE_DIRS}" "${CUDAToolkit_LIBRARY_ROOT}/extras/CUPTI/include")
-if(NOT CUPTI_LIBRARY OR NOT CUPTI_INCLUDE_DIR)
-  message(FATAL_ERROR "fusekit: CUPTI not found in the CUDA toolkit")
+# CUPTI ships with the CUDA toolkit; FindCUDAToolkit knows where (lib64, targets/<arch>/lib or extras/CUPTI).
+if(NOT TARGET CUDA::cupti)
+  message(FATAL_ERROR "fusekit: CUPTI not found in the CUDA toolkit at ${CUDAToolkit_LIBRARY_ROOT}")
 endif()
 add_library(fusekit_cupti INTERFACE)
-target_include_directories(fusekit_cupti SYSTEM INTERFACE "${CUPTI_INCLUDE_DIR}")
-target_link_libraries(fusekit_cupti INTERFACE "${CUPTI_LIBRARY}")
+target_link_libraries(fusekit_cupti INTERFACE CUDA::cupti)

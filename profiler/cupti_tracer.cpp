@@ -1,6 +1,7 @@
 #include "profiler/cupti_tracer.h"
 
 #include <cupti.h>
+#include <dlfcn.h>
 #include <link.h>
 #include <unistd.h>
 
@@ -230,6 +231,13 @@ Trace CuptiTracer::flush(bool final) {
 }
 
 std::string cupti_library_path() {
+  // The copy this code is bound to: a process can hold two (PyTorch ships its own), and NVTX must
+  // reach the one whose activity buffers we read.
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&cuptiActivityFlushAll), &info) != 0 && info.dli_fname &&
+      std::string(info.dli_fname).find("cupti") != std::string::npos) {
+    return info.dli_fname;
+  }
   std::string found;
   dl_iterate_phdr(
       [](dl_phdr_info* info, size_t, void* out) {

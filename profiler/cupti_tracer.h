@@ -42,7 +42,7 @@ class CuptiTracer {
 // Returns the path in effect. Must run before the first NVTX call of the process.
 std::string prepare_nvtx_injection();
 
-// The path of the loaded CUPTI library, or "" if not loaded.
+// The path of the CUPTI library this code calls into, or "" if none is loaded.
 std::string cupti_library_path();
 
 }  // namespace fusekit::profiler

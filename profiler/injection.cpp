@@ -4,7 +4,8 @@
 // the store every FUSEKIT_TRACE_FLUSH_MS (default 1000) in one transaction each, and the last
 // flush runs at exit, whatever the exit code. A process killed by a signal keeps every earlier flush.
 //
-// Environment: FUSEKIT_TRACE_DB (the store), FUSEKIT_TRACE_RUN (the run id `fusekit trace` created).
+// Environment: FUSEKIT_TRACE_DB (the store), FUSEKIT_TRACE_RUN (the run id `fusekit trace` created),
+// FUSEKIT_TRACE_FLUSH_MS, FUSEKIT_TRACE_VERBOSE.
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -31,6 +32,9 @@ struct Injection {
   bool stopping = false;
   std::mutex write_mutex;  // the flusher and the exit handler both write
   pid_t pid = 0;           // a forked child inherits the exit handler but not the flusher thread
+  size_t kernels = 0;
+  size_t ranges = 0;
+  bool verbose = false;  // FUSEKIT_TRACE_VERBOSE=1: one line per traced process at exit
 };
 
 Injection& injection() {
@@ -42,7 +46,13 @@ void write(Injection& in, bool final) {
   std::lock_guard<std::mutex> lock(in.write_mutex);
   try {
     fusekit::profiler::Trace trace = fusekit::profiler::CuptiTracer::instance().flush(final);
+    in.kernels += trace.kernels.size();
+    in.ranges += trace.ranges.size();
     if (!trace.empty()) in.store->append_trace(in.run, trace);
+    if (final && in.verbose) {
+      std::fprintf(stderr, "fusekit trace: process %d wrote %zu kernels and %zu NVTX ranges (NVTX through %s)\n",
+                   static_cast<int>(getpid()), in.kernels, in.ranges, std::getenv("NVTX_INJECTION64_PATH"));
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fusekit trace: %s\n", e.what());
   }
@@ -88,7 +98,13 @@ extern "C" int InitializeInjection(void) {
     in.store = fusekit::reports::Store::open(db, fusekit::reports::Store::Mode::read_write);
     in.run = std::stoll(run);
     (void)in.store->run(in.run);
+    const char* verbose = std::getenv("FUSEKIT_TRACE_VERBOSE");
+    in.verbose = verbose && *verbose && *verbose != '0';
     if (const char* ms = std::getenv("FUSEKIT_TRACE_FLUSH_MS")) in.interval = std::chrono::milliseconds(std::stoll(ms));
+    // The traced program may have loaded a CUPTI of its own before us (PyTorch does), and ours then
+    // binds to it: point NVTX at that copy, not the one `fusekit trace` named.
+    const std::string cupti = fusekit::profiler::cupti_library_path();
+    if (!cupti.empty()) setenv("NVTX_INJECTION64_PATH", cupti.c_str(), 1);
     fusekit::profiler::CuptiTracer::instance().start();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fusekit trace: not tracing: %s\n", e.what());

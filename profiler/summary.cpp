@@ -98,13 +98,19 @@ std::vector<RangeStats> summarize_ranges(const Trace& trace, const Attribution& 
     s.instances += 1;
     const uint64_t end = range.end != 0 ? range.end : trace_end;
     s.wall_ns += end > range.start ? end - range.start : 0;
+    uint64_t last = end;
     s.kernels += intervals[r].size();
-    for (auto [a, b] : intervals[r]) s.kernel_ns += b > a ? b - a : 0;
+    for (auto [a, b] : intervals[r]) {
+      s.kernel_ns += b > a ? b - a : 0;
+      last = std::max(last, b);
+    }
+    s.extent_ns += last > range.start ? last - range.start : 0;
     s.busy_ns += union_length(std::move(intervals[r]));
   }
   std::vector<RangeStats> out;
   for (auto& [name, s] : by_name) {
-    s.idle_fraction = s.wall_ns > 0 ? std::max(0.0, 1.0 - static_cast<double>(s.busy_ns) / static_cast<double>(s.wall_ns)) : 0.0;
+    s.idle_fraction =
+        s.extent_ns > 0 ? std::max(0.0, 1.0 - static_cast<double>(s.busy_ns) / static_cast<double>(s.extent_ns)) : 0.0;
     out.push_back(s);
   }
   std::sort(out.begin(), out.end(), [](const RangeStats& a, const RangeStats& b) {

@@ -4,7 +4,8 @@
 // Avg, Med, Min, Max, StdDev, Name). Range table: per NVTX range name, the wall time of its
 // instances, the GPU busy time (the union of the intervals of the kernels attributed to the range
 // or to ranges nested in it, so overlapping kernels on several streams count once) and the idle
-// fraction 1 - busy / wall.
+// fraction 1 - busy / extent, where a range's extent runs from its start to its end or to the end
+// of its last kernel, whichever is later (kernels run asynchronously, often after the range closed).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,7 @@ struct RangeStats {
   uint64_t kernels = 0;  // kernels attributed to the instances or their nested ranges
   uint64_t kernel_ns = 0;  // their summed durations (larger than busy_ns where they overlap)
   double idle_fraction = 0;
+  uint64_t extent_ns = 0;  // summed: each instance's start to the later of its end and its last kernel's end
 };
 
 struct RunTotals {

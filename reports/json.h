@@ -30,14 +30,16 @@ std::string json_number(T value) {
     return std::to_string(value);
 }
 
+template <class T>
+concept JsonNumber = std::is_arithmetic_v<T> || std::same_as<T, std::optional<double>>;
+
 // Builds one JSON object member by member: JsonObject().add("name", k.name).add("ns", k.total_ns).str().
 class JsonObject {
  public:
   JsonObject& raw(std::string_view key, std::string_view json);
   JsonObject& add(std::string_view key, std::string_view text) { return raw(key, json_string(text)); }
-  template <class N>
-  requires std::is_arithmetic_v<N> || std::same_as<N, std::optional<double>> JsonObject& add(std::string_view key,
-                                                                                             N number) {
+  template <JsonNumber N>
+  JsonObject& add(std::string_view key, N number) {
     return raw(key, json_number(number));
   }
   std::string str() const { return "{" + body_ + "}"; }

@@ -86,11 +86,10 @@ std::string format_us(double ns) {
 }
 
 ReportTable case_table(const RunReport& report) {
-  ReportTable t{
-      {"Median (us)", "Q1–Q3 (us)", "Samples", "Speedup", "GB/s", "% of copy ceiling", "TFLOP/s", "Variant", "Case"},
-      {},
-      7,
-      ""};
+  ReportTable t;
+  t.header = {"Median (us)",       "Q1–Q3 (us)", "Samples", "Speedup", "GB/s",
+              "% of copy ceiling", "TFLOP/s",    "Variant", "Case"};
+  t.text_from = 7;
   const auto optional = [](const std::optional<double>& v, double scale, int decimals, const char* unit = "") {
     return v ? fixed(*v * scale, decimals) + unit : std::string("-");
   };
@@ -104,11 +103,10 @@ ReportTable case_table(const RunReport& report) {
 }
 
 ReportTable kernel_table(const RunReport& report) {
-  ReportTable t{{"Time (%)", "Total Time (ns)", "Instances", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)",
-                 "StdDev (ns)", "Name"},
-                {},
-                8,
-                ""};
+  ReportTable t;
+  t.header = {"Time (%)", "Total Time (ns)", "Instances",   "Avg (ns)", "Med (ns)",
+              "Min (ns)", "Max (ns)",        "StdDev (ns)", "Name"};
+  t.text_from = 8;
   const auto& kernels = report.kernels;
   for (size_t i = 0; i < kernels.size() && i < kTopKernels; ++i) {
     const profiler::KernelStats& k = kernels[i];
@@ -126,8 +124,9 @@ ReportTable kernel_table(const RunReport& report) {
 }
 
 ReportTable range_table(const RunReport& report) {
-  ReportTable t{
-      {"Wall (us)", "GPU busy (us)", "Idle (%)", "Instances", "Kernels", "Kernel time (us)", "Range"}, {}, 6, ""};
+  ReportTable t;
+  t.header = {"Wall (us)", "GPU busy (us)", "Idle (%)", "Instances", "Kernels", "Kernel time (us)", "Range"};
+  t.text_from = 6;
   for (const profiler::RangeStats& r : report.ranges) {
     t.rows.push_back({format_us(static_cast<double>(r.wall_ns)), format_us(static_cast<double>(r.busy_ns)),
                       fixed(100 * r.idle_fraction, 1), std::to_string(r.instances), std::to_string(r.kernels),

@@ -239,7 +239,19 @@ Store Store::open(const std::string& path, Mode mode) {
                        std::to_string(kSchemaVersion));
     }
   }
-  if (mode != Mode::read_only) exec(raw, path, "PRAGMA journal_mode=WAL");
+  if (mode != Mode::read_only) {
+    exec(raw, path, "PRAGMA journal_mode=WAL");
+  } else {
+    // Validated: read through a read-write handle where the file allows, so that the last close
+    // checkpoints the WAL and removes the -wal and -shm files instead of leaving them behind.
+    sqlite3* writable = nullptr;
+    if (sqlite3_open_v2(path.c_str(), &writable, SQLITE_OPEN_READWRITE, nullptr) == SQLITE_OK) {
+      sqlite3_busy_timeout(writable, 10000);
+      store = Store(path, writable);
+    } else {
+      sqlite3_close(writable);
+    }
+  }
   return store;
 }
 

@@ -38,6 +38,17 @@ if torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)
 fi
 # shellcheck disable=SC2206
 cmake_args+=(${CMAKE_ARGS:-})
-cmake "${cmake_args[@]}" >"$BUILD_DIR.configure.log" 2>&1 || { cat "$BUILD_DIR.configure.log"; exit 1; }
+if ! cmake "${cmake_args[@]}" >"$BUILD_DIR.configure.log" 2>&1; then
+  if [ -n "${torch_prefix:-}" ]; then
+    # A libtorch that fails to configure must not stop the rest of the build: say so, go on without.
+    echo "fusekit setup: configuring with libtorch failed; libtorch targets are left out:"
+    grep -m 5 -A 3 "CMake Error" "$BUILD_DIR.configure.log" || tail -n 20 "$BUILD_DIR.configure.log"
+    rm -rf "$BUILD_DIR"
+    cmake "${cmake_args[@]/-DCMAKE_PREFIX_PATH=*/}" >"$BUILD_DIR.configure.log" 2>&1 || { cat "$BUILD_DIR.configure.log"; exit 1; }
+  else
+    cat "$BUILD_DIR.configure.log"
+    exit 1
+  fi
+fi
 grep 'fusekit:' "$BUILD_DIR.configure.log" || true
 cmake --build "$BUILD_DIR" -j "$(nproc)"

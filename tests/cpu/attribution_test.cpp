@@ -193,6 +193,18 @@ TEST(Summary, RangesCountBusyTimeOnceAcrossStreams) {
   EXPECT_EQ(totals.wall_ns, 990u);  // from 10: CUPTI writes 0 for an unknown time, so 0 is ignored
 }
 
+TEST(Summary, IdleFractionCoversKernelsThatRunAfterTheRangeCloses) {
+  Trace t;
+  t.ranges.push_back(range("async", 0, 100, 1));
+  launch(t, "late", 10, 1, 200, 300);  // launched inside, runs after the range closed
+  const auto ranges = summarize_ranges(t, attribute(t));
+  ASSERT_EQ(ranges.size(), 1u);
+  EXPECT_EQ(ranges[0].wall_ns, 100u);
+  EXPECT_EQ(ranges[0].extent_ns, 300u);
+  EXPECT_EQ(ranges[0].busy_ns, 100u);
+  EXPECT_NEAR(ranges[0].idle_fraction, 1.0 - 100.0 / 300.0, 1e-12);
+}
+
 TEST(Summary, RepeatedRangeNamesAggregate) {
   Trace t;
   for (uint64_t i = 0; i < 4; ++i) {

@@ -72,18 +72,13 @@ struct Json {
   bool flag = false;
   double value = 0;
   std::string text;
-  std::vector<Json> items;
-  std::vector<std::pair<std::string, Json>> members;
+  std::vector<Json> items;        // of an array
+  std::vector<std::string> keys;  // of an object, with its values in `items`
 
   const Json& operator[](std::string_view key) const {
-    for (const auto& [k, v] : members)
-      if (k == key) return v;
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] == key) return items[i];
     throw std::runtime_error("no member " + std::string(key));
-  }
-  bool has(std::string_view key) const {
-    for (const auto& member : members)
-      if (member.first == key) return true;
-    return false;
   }
 };
 
@@ -127,9 +122,9 @@ class JsonParser {
       if (take('}')) return v;
       do {
         space();
-        std::string key = string();
+        v.keys.push_back(string());
         expect(':');
-        v.members.emplace_back(std::move(key), value());
+        v.items.push_back(value());
       } while (take(','));
       expect('}');
     } else if (c == '[') {
