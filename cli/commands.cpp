@@ -49,6 +49,7 @@ reports::RunInfo describe_run(const std::string& label, const std::vector<std::s
   }
   info.driver_version = env.driver_version;
   info.cuda_version = env.runtime_version;
+  info.libtorch_version = env.libtorch_version;
   return info;
 }
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <regex>
@@ -11,6 +12,9 @@
 
 #ifndef FUSEKIT_SOURCE_DIR
 #define FUSEKIT_SOURCE_DIR "."
+#endif
+#ifndef FUSEKIT_LIBTORCH_VERSION
+#define FUSEKIT_LIBTORCH_VERSION ""
 #endif
 #ifndef FUSEKIT_BUILD_COMMIT
 #define FUSEKIT_BUILD_COMMIT ""
@@ -21,16 +25,22 @@ namespace {
 
 std::string version_string(int v) { return v <= 0 ? "" : std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); }
 
-// The commit of the source tree now, which may be newer than the one configured; else the configured one.
+bool is_commit(const std::string& s) {
+  return s.size() == 40 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+// FUSEKIT_GIT_COMMIT if set (a copy of the tree without .git), else the source tree's commit now,
+// which may be newer than the configured one, else the configured one.
 std::string git_commit() {
+  if (const char* given = std::getenv("FUSEKIT_GIT_COMMIT"); given && is_commit(given)) return given;
   std::string command = "git -C '" FUSEKIT_SOURCE_DIR "' rev-parse HEAD 2>/dev/null";
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
   std::array<char, 128> buf{};
   std::string out;
   if (pipe && fgets(buf.data(), buf.size(), pipe.get())) out = buf.data();
   while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  if (out.size() != 40) out = FUSEKIT_BUILD_COMMIT;
-  return out;
+  if (is_commit(out)) return out;
+  return is_commit(FUSEKIT_BUILD_COMMIT) ? FUSEKIT_BUILD_COMMIT : "";
 }
 
 std::string uuid_string(const cudaUUID_t& uuid) {
@@ -66,6 +76,7 @@ Environment read_environment() {
   char host[256] = {};
   if (gethostname(host, sizeof host - 1) == 0) env.host = host;
   env.git_commit = git_commit();
+  env.libtorch_version = FUSEKIT_LIBTORCH_VERSION;
   int v = 0;
   if (cudaRuntimeGetVersion(&v) == cudaSuccess) env.runtime_version = version_string(v);
   if (cudaDriverGetVersion(&v) == cudaSuccess && v > 0) {
