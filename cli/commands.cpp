@@ -23,6 +23,7 @@
 #include "reports/store.h"
 #include "reports/terminal.h"
 #include "suites/demo.h"
+#include "suites/ops/ops_suite.h"
 #include "suites/runner.h"
 
 namespace fusekit::cli {
@@ -120,7 +121,11 @@ void write_output(const std::string& path, const std::string& content) {
 }
 
 int bench(const BenchOptions& o) {
-  if (o.suite != "demo") throw std::invalid_argument("unknown suite '" + o.suite + "' (available: demo)");
+  const bool ops = !o.op.empty() || o.suite == "ops";
+  if (!ops && o.suite != "demo") throw std::invalid_argument("unknown suite '" + o.suite + "' (available: demo, ops)");
+  // Building the cases allocates nothing, and finds usage errors before any GPU work.
+  std::vector<suites::Case> ops_cases;
+  if (ops) ops_cases = suites::ops_cases({o.op, o.shape, o.dtype, o.backward});
   if (access(o.db.c_str(), F_OK) == 0) (void)Store::open(o.db, Store::Mode::read_only);  // refuse a foreign file first
   if (std::string reason = profiler::gpu_unavailable_reason(); !reason.empty()) {
     throw std::runtime_error("no GPU: " + reason);
@@ -134,14 +139,20 @@ int bench(const BenchOptions& o) {
     const double ceiling = suites::measure_copy_ceiling(size_t{1} << 30, 20);
     store.set_copy_ceiling(run, ceiling);
     std::fprintf(stderr, "fusekit: device copy ceiling %.2f TB/s\n", ceiling / 1e12);
-    suites::DemoSuite demo;
-    profiler::CuptiTracer& tracer = profiler::CuptiTracer::instance();
-    tracer.start();
-    demo.upload(nullptr);
-    tracer.stop();
-    store.append_trace(run, tracer.flush());
     suites::RunnerOptions options{o.warmup, o.repetitions, o.traced_repetitions, false};
-    uint64_t dropped = suites::run_cases(store, run, demo.cases(), options);
+    uint64_t dropped = 0;
+    if (ops) {
+      if (!suites::baselines_available()) std::fprintf(stderr, "fusekit: built without libtorch: no baseline variants\n");
+      dropped = suites::run_cases(store, run, ops_cases, options);
+    } else {
+      suites::DemoSuite demo;
+      profiler::CuptiTracer& tracer = profiler::CuptiTracer::instance();
+      tracer.start();
+      demo.upload(nullptr);
+      tracer.stop();
+      store.append_trace(run, tracer.flush());
+      dropped = suites::run_cases(store, run, demo.cases(), options);
+    }
     store.finish_run(run, "ok", 0);
     std::cout << reports::case_table_text(store.load_cases(run));
     std::cout << "run " << run << " recorded in " << o.db << "\n";

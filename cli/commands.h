@@ -16,6 +16,10 @@ struct BenchOptions {
   int repetitions = 50;
   int traced_repetitions = 5;
   bool allow_dropped = false;
+  std::string op;  // a single operator case: with shape and dtype
+  std::string shape;
+  std::string dtype;
+  bool backward = false;
   std::vector<std::string> argv;
 };
 int bench(const BenchOptions& o);

@@ -26,7 +26,11 @@ int main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) bench_options.argv.push_back(argv[i]);
   CLI::App* bench_cmd = app.add_subcommand("bench", "Time and trace a suite of cases into a store (needs a GPU)");
   bench_cmd->add_option("--db", bench_options.db, "Store to write (created if missing)")->required();
-  bench_cmd->add_option("--suite", bench_options.suite, "Suite to run: demo")->capture_default_str();
+  bench_cmd->add_option("--suite", bench_options.suite, "Suite to run: demo | ops")->capture_default_str();
+  bench_cmd->add_option("--op", bench_options.op, "One operator instead of a suite (layernorm); needs --shape and --dtype");
+  bench_cmd->add_option("--shape", bench_options.shape, "With --op: ROWSxCOLUMNS, e.g. 16384x1024");
+  bench_cmd->add_option("--dtype", bench_options.dtype, "With --op: fp32 | fp16 | bf16");
+  bench_cmd->add_flag("--backward", bench_options.backward, "With --op: time forward + backward");
   bench_cmd->add_option("--label", bench_options.label, "Label stored with the run");
   bench_cmd->add_option("--warmup", bench_options.warmup, "Warm-up repetitions per case")->check(CLI::NonNegativeNumber)->capture_default_str();
   bench_cmd->add_option("--reps", bench_options.repetitions, "Timed repetitions per case")->check(CLI::Range(1, 100000))->capture_default_str();

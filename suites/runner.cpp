@@ -39,6 +39,7 @@ uint64_t run_cases(reports::Store& store, int64_t run, const std::vector<Case>& 
     if (!options.quiet) {
       std::fprintf(stderr, "[%zu/%zu] %s [%s]\n", i + 1, cases.size(), c.info.name.c_str(), c.info.variant.c_str());
     }
+    if (c.setup) c.setup(stream);
     for (int r = 0; r < options.warmup; ++r) c.run(stream, rep_counter++);
     FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
 
@@ -73,6 +74,7 @@ uint64_t run_cases(reports::Store& store, int64_t run, const std::vector<Case>& 
       dropped += trace.dropped_records;
       store.append_trace(run, trace);
     }
+    if (c.release) c.release();
   }
   FUSEKIT_CUDA_CHECK(cudaStreamDestroy(stream));
   return dropped;

@@ -22,6 +22,10 @@ struct Case {
   reports::CaseInfo info;
   // Enqueues one repetition on `stream`; `rep` selects the input set.
   std::function<void(cudaStream_t stream, int rep)> run;
+  // Optional: called once before the first repetition and after the last, so that a suite of
+  // many cases holds the device memory of one case at a time.
+  std::function<void(cudaStream_t stream)> setup;
+  std::function<void()> release;
 };
 
 struct RunnerOptions {

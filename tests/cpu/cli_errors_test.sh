@@ -70,6 +70,15 @@ expect 1 "corrupt" -- "$FUSEKIT" trace --db "$work/corrupt.db" -- true
 expect 2 "reps|Range|range" -- "$FUSEKIT" bench --db "$work/b.db" --reps 0
 expect 2 "suite" -- "$FUSEKIT" bench --db "$work/b.db" --suite nope
 expect 1 "not a fusekit store" -- "$FUSEKIT" bench --db "$work/foreign.db"
+expect 1 "corrupt" -- "$FUSEKIT" bench --db "$work/corrupt.db"
+expect 2 "unknown operator" -- "$FUSEKIT" bench --db "$work/b.db" --op softmaxx --shape 8x8 --dtype fp16
+expect 2 "unsupported shape" -- "$FUSEKIT" bench --db "$work/b.db" --op layernorm --shape 8by8 --dtype fp16
+expect 2 "unsupported dtype" -- "$FUSEKIT" bench --db "$work/b.db" --op layernorm --shape 8x8 --dtype fp8
+expect 2 "needs --shape" -- "$FUSEKIT" bench --db "$work/b.db" --op layernorm
+expect 1 "schema version 99" -- "$FUSEKIT" bench --db "$work/v99.db"
+expect 2 "argument|bogus|extra" -- "$FUSEKIT" trace --db "$work/t.db" --bogus -- true
+expect 127 "cannot run" -- "$FUSEKIT" trace --db "$work/t.db" -- "$work/no-such-program"
+expect 1 "schema version 99" -- "$FUSEKIT" trace --db "$work/v99.db" -- true
 
 if [ "$foreign_sum" != "$(sha256sum "$work/foreign.db")" ]; then
   echo "FAIL: the foreign SQLite file was modified"

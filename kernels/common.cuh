@@ -1,0 +1,87 @@
+// Shared device helpers for fusekit's kernels: the CUDA checking macro, 16-byte vectors of the
+// storage type, conversions to and from float, and warp and block reductions.
+//
+// Storage types are float, __half and __nv_bfloat16; arithmetic is always in float registers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+// The one checking macro for the CUDA runtime in kernels/: file, line, the call, CUDA's message.
+#define FUSEKIT_KERNEL_CHECK(call)                                                                        \
+  do {                                                                                                    \
+    cudaError_t fusekit_status_ = (call);                                                                 \
+    if (fusekit_status_ != cudaSuccess) {                                                                 \
+      throw std::runtime_error(std::string("CUDA error: ") + #call + " failed at " + __FILE__ + ":" +     \
+                               std::to_string(__LINE__) + ": " + cudaGetErrorString(fusekit_status_));    \
+    }                                                                                                     \
+  } while (0)
+
+namespace fusekit::kernels {
+
+constexpr int kWarpSize = 32;
+
+__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+template <class T>
+__device__ __forceinline__ float to_float(T v);
+template <>
+__device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// N elements of T, loaded and stored as one access of sizeof(T) * N bytes (16 for the fast paths).
+template <class T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+  __device__ __forceinline__ static Vec load(const T* p) { return *reinterpret_cast<const Vec*>(p); }
+  // Streaming load for data read once: do not keep it in L1.
+  __device__ __forceinline__ static Vec load_stream(const T* p) {
+    Vec out;
+    if constexpr (sizeof(Vec) == 16) {
+      int4 raw = __ldcs(reinterpret_cast<const int4*>(p));
+      out = *reinterpret_cast<Vec*>(&raw);
+    } else {
+      out = *reinterpret_cast<const Vec*>(p);
+    }
+    return out;
+  }
+  __device__ __forceinline__ void store(T* p) const { *reinterpret_cast<Vec*>(p) = *this; }
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum over the block; every thread gets the result. `scratch` holds one float per warp, and is
+// reusable after the call returns (a barrier guards it).
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int warps = ceil_div(blockDim.x, kWarpSize);
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by an earlier call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : 0.f;
+  return warp_sum(v);
+}
+
+}  // namespace fusekit::kernels

@@ -1,0 +1,455 @@
+// LayerNorm forward and backward (see layernorm.h for the math and layouts).
+//
+// Design: the row lives in registers. A row group of TPR threads owns one row at a time, each thread
+// holding NV vectors of VEC elements (16 bytes each where C allows): TPR = 32 is a warp per row
+// (short rows, several rows per block); TPR = 128..1024 is a block per row. Mean and variance are
+// two passes over the registers, so the variance never suffers the cancellation of E[x^2] - E[x]^2,
+// and x is read from memory once. Rows too long for the register configurations take a looping
+// kernel that re-reads the row (correct for any length, slower).
+//
+// The backward keeps each thread's columns fixed across the rows it visits (a grid-stride loop over
+// rows), so dgamma and dbeta accumulate in registers; each block writes one partial row and a second
+// kernel sums the partials. No atomics.
+#include "kernels/common.cuh"
+#include "kernels/layernorm.h"
+
+#include <algorithm>
+
+namespace fusekit::kernels {
+namespace {
+
+// ---- CUDA kernels
+
+template <class T, int VEC, int NV, int TPR>
+__global__ void __launch_bounds__(TPR == kWarpSize ? 256 : TPR)
+    layernorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta,
+                             T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int rows, int C,
+                             float eps) {
+  __shared__ float scratch[kWarpSize];
+  using V = Vec<T, VEC>;
+  constexpr bool kWarpPerRow = TPR == kWarpSize;
+  const int groups = kWarpPerRow ? blockDim.x / kWarpSize : 1;
+  const int group = kWarpPerRow ? threadIdx.x / kWarpSize : 0;
+  const int t = kWarpPerRow ? threadIdx.x % kWarpSize : threadIdx.x;
+  auto reduce = [&](float v) { return kWarpPerRow ? warp_sum(v) : block_sum(v, scratch); };
+
+  for (int row = blockIdx.x * groups + group; row < rows; row += gridDim.x * groups) {
+    const T* xr = x + static_cast<size_t>(row) * C;
+    float v[NV][VEC];
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      if (c < C) {
+        const V in = V::load_stream(xr + c);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          v[j][k] = to_float(in.v[k]);
+          sum += v[j][k];
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) v[j][k] = 0.f;
+      }
+    }
+    const float mu = reduce(sum) / C;
+    float squares = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      if ((j * TPR + t) * VEC < C) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) squares += (v[j][k] - mu) * (v[j][k] - mu);
+      }
+    }
+    const float rs = rsqrtf(reduce(squares) / C + eps);
+    T* yr = y + static_cast<size_t>(row) * C;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      if (c < C) {
+        const V g = V::load(gamma + c), b = V::load(beta + c);
+        V out;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>((v[j][k] - mu) * rs * to_float(g.v[k]) + to_float(b.v[k]));
+        out.store(yr + c);
+      }
+    }
+    if (t == 0) {
+      mean[row] = mu;
+      rstd[row] = rs;
+    }
+  }
+}
+
+// Any row length: a block per row, the row read three times (mean, variance, output).
+template <class T>
+__global__ void layernorm_forward_looping_kernel(const T* __restrict__ x, const T* __restrict__ gamma,
+                                                 const T* __restrict__ beta, T* __restrict__ y,
+                                                 float* __restrict__ mean, float* __restrict__ rstd, int rows,
+                                                 int C, float eps) {
+  __shared__ float scratch[kWarpSize];
+  for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + static_cast<size_t>(row) * C;
+    float sum = 0.f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) sum += to_float(xr[c]);
+    const float mu = block_sum(sum, scratch) / C;
+    float squares = 0.f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) squares += (to_float(xr[c]) - mu) * (to_float(xr[c]) - mu);
+    const float rs = rsqrtf(block_sum(squares, scratch) / C + eps);
+    T* yr = y + static_cast<size_t>(row) * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      yr[c] = from_float<T>((to_float(xr[c]) - mu) * rs * to_float(gamma[c]) + to_float(beta[c]));
+    }
+    if (threadIdx.x == 0) {
+      mean[row] = mu;
+      rstd[row] = rs;
+    }
+  }
+}
+
+// partial: [gridDim.x][2][C] floats: per block, sum over its rows of dy * xhat (dgamma) and dy (dbeta).
+template <class T, int VEC, int NV, int TPR>
+__global__ void __launch_bounds__(TPR == kWarpSize ? 256 : TPR)
+    layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ gamma,
+                              const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
+                              float* __restrict__ partial, int rows, int C) {
+  __shared__ float scratch[kWarpSize];
+  extern __shared__ float group_partial[];  // warp per row: [groups][2][C], combined before the write
+  using V = Vec<T, VEC>;
+  constexpr bool kWarpPerRow = TPR == kWarpSize;
+  const int groups = kWarpPerRow ? blockDim.x / kWarpSize : 1;
+  const int group = kWarpPerRow ? threadIdx.x / kWarpSize : 0;
+  const int t = kWarpPerRow ? threadIdx.x % kWarpSize : threadIdx.x;
+  auto reduce = [&](float v) { return kWarpPerRow ? warp_sum(v) : block_sum(v, scratch); };
+
+  float dgamma[NV][VEC], dbeta[NV][VEC];
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) dgamma[j][k] = dbeta[j][k] = 0.f;
+  }
+  for (int row = blockIdx.x * groups + group; row < rows; row += gridDim.x * groups) {
+    const size_t offset = static_cast<size_t>(row) * C;
+    const float mu = mean[row], rs = rstd[row];
+    // The row stays in registers in its storage type (half the registers of floats for 16-bit
+    // types); xhat and g are recomputed in the second pass rather than kept.
+    V xv[NV], dyv[NV];
+    float sum_g = 0.f, sum_gx = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      if (c < C) {
+        xv[j] = V::load_stream(x + offset + c);
+        dyv[j] = V::load_stream(dy + offset + c);
+        const V gv = V::load(gamma + c);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float d = to_float(dyv[j].v[k]);
+          const float xhat = (to_float(xv[j].v[k]) - mu) * rs;
+          const float g = d * to_float(gv.v[k]);
+          sum_g += g;
+          sum_gx += g * xhat;
+          dgamma[j][k] += d * xhat;
+          dbeta[j][k] += d;
+        }
+      }
+    }
+    const float mean_g = reduce(sum_g) / C;
+    const float mean_gx = reduce(sum_gx) / C;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      if (c < C) {
+        const V gv = V::load(gamma + c);
+        V out;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float xhat = (to_float(xv[j].v[k]) - mu) * rs;
+          const float g = to_float(dyv[j].v[k]) * to_float(gv.v[k]);
+          out.v[k] = from_float<T>(rs * (g - mean_g - xhat * mean_gx));
+        }
+        out.store(dx + offset + c);
+      }
+    }
+  }
+
+  float* block_partial = partial + static_cast<size_t>(blockIdx.x) * 2 * C;
+  if constexpr (!kWarpPerRow) {
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      if (c < C) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          block_partial[c + k] = dgamma[j][k];
+          block_partial[C + c + k] = dbeta[j][k];
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      if (c < C) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          group_partial[(group * 2) * C + c + k] = dgamma[j][k];
+          group_partial[(group * 2 + 1) * C + c + k] = dbeta[j][k];
+        }
+      }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) {
+      float s = 0.f;
+      for (int w = 0; w < groups; ++w) s += group_partial[w * 2 * C + i];
+      block_partial[i] = s;
+    }
+  }
+}
+
+// Any row length: a block per row; the block's partial row accumulates in global memory, which only
+// this block touches.
+template <class T>
+__global__ void layernorm_backward_looping_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                                  const T* __restrict__ gamma, const float* __restrict__ mean,
+                                                  const float* __restrict__ rstd, T* __restrict__ dx,
+                                                  float* __restrict__ partial, int rows, int C) {
+  __shared__ float scratch[kWarpSize];
+  float* block_partial = partial + static_cast<size_t>(blockIdx.x) * 2 * C;
+  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) block_partial[c] = 0.f;
+  for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+    const size_t offset = static_cast<size_t>(row) * C;
+    const float mu = mean[row], rs = rstd[row];
+    float sum_g = 0.f, sum_gx = 0.f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      const float d = to_float(dy[offset + c]), xh = (to_float(x[offset + c]) - mu) * rs;
+      const float g = d * to_float(gamma[c]);
+      sum_g += g;
+      sum_gx += g * xh;
+      block_partial[c] += d * xh;  // each column has one owner thread, in every row
+      block_partial[C + c] += d;
+    }
+    const float mean_g = block_sum(sum_g, scratch) / C;
+    const float mean_gx = block_sum(sum_gx, scratch) / C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      const float xh = (to_float(x[offset + c]) - mu) * rs;
+      const float g = to_float(dy[offset + c]) * to_float(gamma[c]);
+      dx[offset + c] = from_float<T>(rs * (g - mean_g - xh * mean_gx));
+    }
+  }
+}
+
+// dgamma[c] = sum_p partial[p][0][c], dbeta[c] = sum_p partial[p][1][c]. A block of 32 columns x 8
+// slices of p; the slices meet in shared memory.
+template <class T>
+__global__ void layernorm_parameter_gradient_kernel(const float* __restrict__ partial, int parts, int C,
+                                                    T* __restrict__ dgamma, T* __restrict__ dbeta) {
+  __shared__ float sums[2][8][kWarpSize + 1];
+  const int c = blockIdx.x * kWarpSize + threadIdx.x;
+  float sg = 0.f, sb = 0.f;
+  if (c < C) {
+    for (int p = threadIdx.y; p < parts; p += blockDim.y) {
+      sg += partial[static_cast<size_t>(p) * 2 * C + c];
+      sb += partial[static_cast<size_t>(p) * 2 * C + C + c];
+    }
+  }
+  sums[0][threadIdx.y][threadIdx.x] = sg;
+  sums[1][threadIdx.y][threadIdx.x] = sb;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    for (int i = 1; i < blockDim.y; ++i) {
+      sg += sums[0][i][threadIdx.x];
+      sb += sums[1][i][threadIdx.x];
+    }
+    dgamma[c] = from_float<T>(sg);
+    dbeta[c] = from_float<T>(sb);
+  }
+}
+
+// ---- kernel launchers
+
+int multiprocessors() {
+  static int count = [] {
+    int device = 0, sms = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    return std::max(sms, 1);
+  }();
+  return count;
+}
+
+// A register configuration: TPR threads per row, NV vectors per thread.
+struct Config {
+  int tpr;
+  int nv;
+};
+
+// The smallest configuration that holds a row of `vectors` vectors; {0, 0} if none does.
+Config choose_config(int vectors, int max_nv) {
+  if (vectors <= kWarpSize) return {kWarpSize, 1};
+  if (vectors <= 2 * kWarpSize) return {kWarpSize, 2};
+  if (vectors <= 4 * kWarpSize) return {kWarpSize, 4};
+  for (int tpr : {128, 256, 512, 1024}) {
+    if (vectors <= tpr * 4) return {tpr, 4};
+  }
+  if (max_nv >= 8 && vectors <= 1024 * 8) return {1024, 8};
+  return {0, 0};
+}
+
+// Maps (config) to the kernel template; FN is called with the compile-time TPR and NV.
+template <class FN>
+bool dispatch_config(Config config, FN&& fn) {
+#define FUSEKIT_LN_CASE(TPR_, NV_)                                     \
+  if (config.tpr == TPR_ && config.nv == NV_) {                        \
+    fn(std::integral_constant<int, TPR_>{}, std::integral_constant<int, NV_>{}); \
+    return true;                                                       \
+  }
+  FUSEKIT_LN_CASE(32, 1)
+  FUSEKIT_LN_CASE(32, 2)
+  FUSEKIT_LN_CASE(32, 4)
+  FUSEKIT_LN_CASE(128, 4)
+  FUSEKIT_LN_CASE(256, 4)
+  FUSEKIT_LN_CASE(512, 4)
+  FUSEKIT_LN_CASE(1024, 4)
+  FUSEKIT_LN_CASE(1024, 8)
+#undef FUSEKIT_LN_CASE
+  return false;
+}
+
+template <class T>
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// The vector width: 16 bytes where the row length and every pointer allow, else one element.
+template <class T>
+int vector_width(int C, std::initializer_list<const void*> pointers) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (C % kVec != 0) return 1;
+  for (const void* p : pointers) {
+    if (!aligned16<T>(p)) return 1;
+  }
+  return kVec;
+}
+
+constexpr int kWarpRowsPerBlockForward = 8;   // 256 threads
+constexpr int kWarpRowsPerBlockBackward = 8;  // 256 threads: up to 255 registers for the accumulators
+
+// Blocks of the backward grid, hence partial rows: enough to fill the GPU twice.
+int backward_blocks(int rows, int C) {
+  const Config config = choose_config(C, 4);  // the scalar (VEC = 1) row is the widest case
+  const int rows_per_block = config.tpr == kWarpSize ? kWarpRowsPerBlockBackward : 1;
+  return std::max(1, std::min(ceil_div(rows, rows_per_block), 2 * multiprocessors()));
+}
+
+template <class T>
+void forward_typed(const T* x, const T* gamma, const T* beta, T* y, float* mean, float* rstd, int rows, int C,
+                   float eps, cudaStream_t stream) {
+  const int vec = vector_width<T>(C, {x, gamma, beta, y});
+  const Config config = choose_config(C / vec, 8);
+  auto launch = [&](auto vec_c) {
+    constexpr int VEC = decltype(vec_c)::value;
+    const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
+      constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
+      const int threads = TPR == kWarpSize ? kWarpSize * kWarpRowsPerBlockForward : TPR;
+      const int rows_per_block = TPR == kWarpSize ? kWarpRowsPerBlockForward : 1;
+      const int blocks = std::min(ceil_div(rows, rows_per_block), 64 * multiprocessors());
+      layernorm_forward_kernel<T, VEC, NV, TPR>
+          <<<blocks, threads, 0, stream>>>(x, gamma, beta, y, mean, rstd, rows, C, eps);
+    });
+    if (!done) {
+      const int blocks = std::min(rows, 64 * multiprocessors());
+      layernorm_forward_looping_kernel<T><<<blocks, 1024, 0, stream>>>(x, gamma, beta, y, mean, rstd, rows, C, eps);
+    }
+  };
+  if (vec == 1) launch(std::integral_constant<int, 1>{});
+  else launch(std::integral_constant<int, 16 / sizeof(T)>{});
+  FUSEKIT_KERNEL_CHECK(cudaGetLastError());
+}
+
+template <class T>
+void backward_typed(const T* dy, const T* x, const T* gamma, const float* mean, const float* rstd, T* dx, T* dgamma,
+                    T* dbeta, int rows, int C, float* partial, cudaStream_t stream) {
+  const int vec = vector_width<T>(C, {dy, x, gamma, dx});
+  const Config config = choose_config(C / vec, 4);
+  const int blocks = backward_blocks(rows, C);
+  auto launch = [&](auto vec_c) {
+    constexpr int VEC = decltype(vec_c)::value;
+    const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
+      constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
+      if constexpr (NV <= 4) {
+        const int threads = TPR == kWarpSize ? kWarpSize * kWarpRowsPerBlockBackward : TPR;
+        const size_t shared = TPR == kWarpSize ? sizeof(float) * 2 * C * kWarpRowsPerBlockBackward : 0;
+        auto kernel = layernorm_backward_kernel<T, VEC, NV, TPR>;
+        if (shared > 48 * 1024) {
+          FUSEKIT_KERNEL_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+        }
+        kernel<<<blocks, threads, shared, stream>>>(dy, x, gamma, mean, rstd, dx, partial, rows, C);
+      }
+    });
+    if (!done) {
+      layernorm_backward_looping_kernel<T><<<blocks, 1024, 0, stream>>>(dy, x, gamma, mean, rstd, dx, partial, rows, C);
+    }
+  };
+  if (vec == 1) launch(std::integral_constant<int, 1>{});
+  else launch(std::integral_constant<int, 16 / sizeof(T)>{});
+  FUSEKIT_KERNEL_CHECK(cudaGetLastError());
+  const dim3 threads(kWarpSize, 8);
+  layernorm_parameter_gradient_kernel<T>
+      <<<ceil_div(C, kWarpSize), threads, 0, stream>>>(partial, blocks, C, dgamma, dbeta);
+  FUSEKIT_KERNEL_CHECK(cudaGetLastError());
+}
+
+void check_sizes(int rows, int C) {
+  if (rows < 0 || C <= 0) {
+    throw std::invalid_argument("layernorm: rows must be >= 0 and columns > 0 (got " + std::to_string(rows) + " x " +
+                                std::to_string(C) + ")");
+  }
+}
+
+}  // namespace
+
+size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "fp32";
+    case DType::f16: return "fp16";
+    case DType::bf16: return "bf16";
+  }
+  return "?";
+}
+
+// Maps the run-time dtype to the storage type T.
+#define FUSEKIT_DTYPE_SWITCH(dtype, ...)                  \
+  switch (dtype) {                                        \
+    case DType::f32: { using T = float; __VA_ARGS__; break; }          \
+    case DType::f16: { using T = __half; __VA_ARGS__; break; }         \
+    case DType::bf16: { using T = __nv_bfloat16; __VA_ARGS__; break; } \
+  }
+
+void layernorm_forward(DType dtype, const void* x, const void* gamma, const void* beta, void* y, float* mean,
+                       float* rstd, int rows, int columns, float eps, cudaStream_t stream) {
+  check_sizes(rows, columns);
+  if (rows == 0) return;
+  FUSEKIT_DTYPE_SWITCH(dtype, forward_typed<T>(static_cast<const T*>(x), static_cast<const T*>(gamma),
+                                               static_cast<const T*>(beta), static_cast<T*>(y), mean, rstd, rows,
+                                               columns, eps, stream))
+}
+
+size_t layernorm_backward_workspace_bytes(int rows, int columns) {
+  check_sizes(rows, columns);
+  return sizeof(float) * 2 * static_cast<size_t>(columns) * backward_blocks(std::max(rows, 1), columns);
+}
+
+void layernorm_backward(DType dtype, const void* dy, const void* x, const void* gamma, const float* mean,
+                        const float* rstd, void* dx, void* dgamma, void* dbeta, int rows, int columns, void* workspace,
+                        cudaStream_t stream) {
+  check_sizes(rows, columns);
+  FUSEKIT_DTYPE_SWITCH(dtype, backward_typed<T>(static_cast<const T*>(dy), static_cast<const T*>(x),
+                                                static_cast<const T*>(gamma), mean, rstd, static_cast<T*>(dx),
+                                                static_cast<T*>(dgamma), static_cast<T*>(dbeta), rows, columns,
+                                                static_cast<float*>(workspace), stream))
+}
+
+}  // namespace fusekit::kernels

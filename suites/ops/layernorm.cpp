@@ -1,0 +1,131 @@
+// Operator-suite cases for LayerNorm: forward, and forward + backward, fused and (where libtorch is
+// built in) the libtorch baseline, on rotated input sets.
+//
+// Bytes that must move: forward reads x, gamma, beta and writes y, mean, rstd; backward reads dy,
+// x, gamma, mean, rstd and writes dx, dgamma, dbeta.
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "kernels/layernorm.h"
+#include "suites/ops/operands.h"
+#include "suites/ops/ops_suite.h"
+
+#ifdef FUSEKIT_WITH_TORCH
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "baselines/layernorm.h"
+#endif
+
+namespace fusekit::suites {
+namespace {
+
+constexpr float kEps = 1e-5f;
+
+// The operands of one case, allocated by setup and freed by release.
+struct LayerNormOperands {
+  int sets = 0;
+  std::vector<DeviceBuffer> x, y, dy, dx, mean, rstd;
+  DeviceBuffer gamma, beta, dgamma, dbeta, workspace;
+
+  LayerNormOperands(Shape2 shape, kernels::DType dtype, bool backward, cudaStream_t stream) {
+    const size_t n = static_cast<size_t>(shape.rows) * shape.columns;
+    const size_t bytes = n * kernels::dtype_size(dtype);
+    sets = rotation_sets(bytes * (backward ? 4 : 2));
+    for (int s = 0; s < sets; ++s) {
+      x.emplace_back(bytes);
+      y.emplace_back(bytes);
+      mean.emplace_back(shape.rows * sizeof(float));
+      rstd.emplace_back(shape.rows * sizeof(float));
+      fill_random(x.back().get(), n, dtype, 1000 + s, 2.0f, 0.5f, stream);
+      if (backward) {
+        dy.emplace_back(bytes);
+        dx.emplace_back(bytes);
+        fill_random(dy.back().get(), n, dtype, 2000 + s, 1.0f, 0.0f, stream);
+      }
+    }
+    const size_t parameter_bytes = shape.columns * kernels::dtype_size(dtype);
+    gamma = DeviceBuffer(parameter_bytes);
+    beta = DeviceBuffer(parameter_bytes);
+    fill_random(gamma.get(), shape.columns, dtype, 3, 0.2f, 1.0f, stream);
+    fill_random(beta.get(), shape.columns, dtype, 4, 0.1f, 0.0f, stream);
+    if (backward) {
+      dgamma = DeviceBuffer(parameter_bytes);
+      dbeta = DeviceBuffer(parameter_bytes);
+      workspace = DeviceBuffer(kernels::layernorm_backward_workspace_bytes(shape.rows, shape.columns));
+    }
+    FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+};
+
+double bytes_moved(Shape2 shape, kernels::DType dtype, bool backward) {
+  const double n = static_cast<double>(shape.rows) * shape.columns, s = kernels::dtype_size(dtype);
+  const double forward = 2 * n * s + 2 * shape.columns * s + 2.0 * shape.rows * 4;
+  const double back = 3 * n * s + 3 * shape.columns * s + 2.0 * shape.rows * 4;
+  return backward ? forward + back : forward;
+}
+
+#ifdef FUSEKIT_WITH_TORCH
+at::ScalarType torch_type(kernels::DType dtype) {
+  return dtype == kernels::DType::f32 ? at::kFloat : dtype == kernels::DType::f16 ? at::kHalf : at::kBFloat16;
+}
+at::Tensor wrap(const DeviceBuffer& buffer, std::vector<int64_t> sizes, at::ScalarType type) {
+  return at::from_blob(buffer.get(), sizes, at::TensorOptions().dtype(type).device(at::kCUDA));
+}
+#endif
+
+}  // namespace
+
+std::vector<Case> layernorm_cases(Shape2 shape, kernels::DType dtype, bool backward) {
+  reports::CaseInfo info;
+  info.op = "layernorm";
+  info.shape = std::to_string(shape.rows) + "x" + std::to_string(shape.columns);
+  info.dtype = kernels::dtype_name(dtype);
+  info.name = info.op + "/" + info.shape + "/" + info.dtype + (backward ? "/fwd+bwd" : "/fwd");
+  info.bytes = bytes_moved(shape, dtype, backward);
+  auto operands = std::make_shared<std::optional<LayerNormOperands>>();
+  auto setup = [operands, shape, dtype, backward](cudaStream_t stream) { operands->emplace(shape, dtype, backward, stream); };
+  auto release = [operands] { operands->reset(); };
+
+  std::vector<Case> cases;
+  info.variant = "fused";
+  cases.push_back({info,
+                   [operands, shape, dtype, backward](cudaStream_t stream, int rep) {
+                     LayerNormOperands& o = **operands;
+                     const int s = rep % o.sets;
+                     kernels::layernorm_forward(dtype, o.x[s].get(), o.gamma.get(), o.beta.get(), o.y[s].get(),
+                                                o.mean[s].as<float>(), o.rstd[s].as<float>(), shape.rows,
+                                                shape.columns, kEps, stream);
+                     if (backward) {
+                       kernels::layernorm_backward(dtype, o.dy[s].get(), o.x[s].get(), o.gamma.get(),
+                                                   o.mean[s].as<float>(), o.rstd[s].as<float>(), o.dx[s].get(),
+                                                   o.dgamma.get(), o.dbeta.get(), shape.rows, shape.columns,
+                                                   o.workspace.get(), stream);
+                     }
+                   },
+                   setup, release});
+#ifdef FUSEKIT_WITH_TORCH
+  info.variant = "baseline";
+  cases.push_back({info,
+                   [operands, shape, dtype, backward](cudaStream_t stream, int rep) {
+                     LayerNormOperands& o = **operands;
+                     const int s = rep % o.sets;
+                     c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromExternal(stream, 0));
+                     const at::ScalarType type = torch_type(dtype);
+                     const at::Tensor x = wrap(o.x[s], {shape.rows, shape.columns}, type);
+                     const at::Tensor gamma = wrap(o.gamma, {shape.columns}, type);
+                     const at::Tensor beta = wrap(o.beta, {shape.columns}, type);
+                     if (backward) {
+                       baselines::layernorm_forward_backward(x, gamma, beta,
+                                                             wrap(o.dy[s], {shape.rows, shape.columns}, type), kEps);
+                     } else {
+                       baselines::layernorm_forward(x, gamma, beta, kEps);
+                     }
+                   },
+                   setup, release});
+#endif
+  return cases;
+}
+
+}  // namespace fusekit::suites

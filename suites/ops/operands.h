@@ -1,0 +1,53 @@
+// Device operands for the operator suite: buffers that free themselves, random fills on the GPU,
+// and how many rotated input sets a case needs so that its timings are of memory, not of L2.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kernels/layernorm.h"
+
+namespace fusekit::suites {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes);
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer();
+  void* get() const { return data_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Fills `count` elements of `dtype` with offset + scale * (uniform in [-1, 1)), from a counter-based
+// hash of (seed, index): fresh inputs for every case, made on the GPU.
+void fill_random(void* data, size_t count, kernels::DType dtype, uint64_t seed, float scale, float offset,
+                 cudaStream_t stream);
+
+// Sets of `bytes_per_set` each, at least 2, together more than twice the L2 size.
+int rotation_sets(size_t bytes_per_set);
+
+// "8192x768" -> {8192, 768}; throws std::invalid_argument on anything else.
+struct Shape2 {
+  int rows;
+  int columns;
+};
+Shape2 parse_shape2(const std::string& text);
+
+kernels::DType parse_dtype(const std::string& text);  // fp32 | fp16 | bf16
+
+}  // namespace fusekit::suites

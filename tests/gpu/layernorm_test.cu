@@ -1,0 +1,173 @@
+// LayerNorm forward and backward against the float64 reference, on fresh random inputs, with
+// every output poisoned (NaN) before the run: fp32, fp16 and bf16; row lengths 1, 31, 768, 1000,
+// 1536, 4096, 12288 and one past the register paths; a single row and a million rows.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_test_support.h"
+#include "kernels/common.cuh"
+#include "kernels/layernorm.h"
+#include "kernels/reference/layernorm.h"
+
+namespace fusekit::kernels {
+namespace {
+
+#define CHECK_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+// DESIGN.md's bounds on ||out - ref|| / ||ref||.
+double tolerance(DType dtype) { return dtype == DType::f32 ? 1e-5 : dtype == DType::f16 ? 2e-3 : 1e-2; }
+
+// Host-side rounding to the storage type and back, and the raw bits of the stored value.
+std::vector<uint16_t> to_bits(const std::vector<double>& v, DType dtype) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dtype == DType::f16) {
+      __half h = __float2half_rn(static_cast<float>(v[i]));
+      out[i] = *reinterpret_cast<uint16_t*>(&h);
+    } else {
+      __nv_bfloat16 b = __float2bfloat16_rn(static_cast<float>(v[i]));
+      out[i] = *reinterpret_cast<uint16_t*>(&b);
+    }
+  }
+  return out;
+}
+double from_bits(uint16_t bits, DType dtype) {
+  if (dtype == DType::f16) return __half2float(*reinterpret_cast<__half*>(&bits));
+  return __bfloat162float(*reinterpret_cast<__nv_bfloat16*>(&bits));
+}
+
+// A device buffer of `count` elements of `dtype`, filled from doubles (rounded to the dtype, and
+// `values` updated to what was stored) or poisoned with NaN.
+class Buffer {
+ public:
+  Buffer(size_t count, DType dtype) : count_(count), dtype_(dtype) {
+    EXPECT_EQ(cudaMalloc(&data_, std::max<size_t>(1, count * dtype_size(dtype))), cudaSuccess);
+    poison();
+  }
+  ~Buffer() { cudaFree(data_); }
+  void poison() { cudaMemset(data_, 0xFF, count_ * dtype_size(dtype_)); }  // all-ones bits: NaN in every dtype
+  void upload(std::vector<double>& values) {
+    if (dtype_ == DType::f32) {
+      std::vector<float> f(values.begin(), values.end());
+      for (size_t i = 0; i < f.size(); ++i) values[i] = f[i];
+      cudaMemcpy(data_, f.data(), f.size() * 4, cudaMemcpyHostToDevice);
+    } else {
+      std::vector<uint16_t> bits = to_bits(values, dtype_);
+      for (size_t i = 0; i < bits.size(); ++i) values[i] = from_bits(bits[i], dtype_);
+      cudaMemcpy(data_, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice);
+    }
+  }
+  std::vector<double> download() const {
+    std::vector<double> out(count_);
+    if (dtype_ == DType::f32) {
+      std::vector<float> f(count_);
+      cudaMemcpy(f.data(), data_, count_ * 4, cudaMemcpyDeviceToHost);
+      for (size_t i = 0; i < count_; ++i) out[i] = f[i];
+    } else {
+      std::vector<uint16_t> bits(count_);
+      cudaMemcpy(bits.data(), data_, count_ * 2, cudaMemcpyDeviceToHost);
+      for (size_t i = 0; i < count_; ++i) out[i] = from_bits(bits[i], dtype_);
+    }
+    return out;
+  }
+  void* get() const { return data_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t count_;
+  DType dtype_;
+};
+
+std::vector<double> download_floats(const float* p, size_t n) {
+  std::vector<float> f(n);
+  cudaMemcpy(f.data(), p, n * 4, cudaMemcpyDeviceToHost);
+  return std::vector<double>(f.begin(), f.end());
+}
+
+// ||out - ref|| / ||ref||; infinite if any output is NaN (an unwritten or broken element).
+double relative_error(const std::vector<double>& out, const std::vector<double>& ref) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(out[i])) return INFINITY;
+    diff += (out[i] - ref[i]) * (out[i] - ref[i]);
+    norm += ref[i] * ref[i];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+struct Shape {
+  int rows;
+  int columns;
+};
+
+class LayerNormTest : public ::testing::TestWithParam<std::tuple<DType, Shape>> {};
+
+TEST_P(LayerNormTest, ForwardAndBackwardMatchFloat64Reference) {
+  FUSEKIT_REQUIRE_GPU();
+  const auto [dtype, shape] = GetParam();
+  const int rows = shape.rows, C = shape.columns;
+  const size_t n = static_cast<size_t>(rows) * C;
+  const double eps = 1e-5;
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> x(n), gamma(C), beta(C), dy(n);
+  for (auto& v : x) v = 0.5 + 2.0 * normal(rng);  // an offset mean, as real activations have
+  for (auto& v : gamma) v = 1.0 + 0.2 * normal(rng);
+  for (auto& v : beta) v = 0.1 * normal(rng);
+  for (auto& v : dy) v = normal(rng);
+
+  Buffer dx_in(n, dtype), g(C, dtype), b(C, dtype), y(n, dtype), grad_y(n, dtype), dx(n, dtype), dgamma(C, dtype),
+      dbeta(C, dtype);
+  dx_in.upload(x);
+  g.upload(gamma);
+  b.upload(beta);
+  grad_y.upload(dy);
+  float *mean = nullptr, *rstd = nullptr;
+  void* workspace = nullptr;
+  CHECK_CUDA(cudaMalloc(&mean, std::max(rows, 1) * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&rstd, std::max(rows, 1) * sizeof(float)));
+  CHECK_CUDA(cudaMemset(mean, 0xFF, std::max(rows, 1) * sizeof(float)));
+  CHECK_CUDA(cudaMemset(rstd, 0xFF, std::max(rows, 1) * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&workspace, layernorm_backward_workspace_bytes(rows, C)));
+  CHECK_CUDA(cudaMemset(workspace, 0xFF, layernorm_backward_workspace_bytes(rows, C)));
+
+  layernorm_forward(dtype, dx_in.get(), g.get(), b.get(), y.get(), mean, rstd, rows, C, static_cast<float>(eps), nullptr);
+  layernorm_backward(dtype, grad_y.get(), dx_in.get(), g.get(), mean, rstd, dx.get(), dgamma.get(), dbeta.get(), rows,
+                     C, workspace, nullptr);
+  CHECK_CUDA(cudaDeviceSynchronize());
+
+  const auto ref = reference::layernorm_forward(x, gamma, beta, rows, C, eps);
+  const auto ref_grad = reference::layernorm_backward(dy, x, gamma, rows, C, eps);
+  const double tol = tolerance(dtype);
+  EXPECT_LT(relative_error(y.download(), ref.y), tol) << "y";
+  EXPECT_LT(relative_error(download_floats(mean, rows), ref.mean), 1e-5) << "mean";
+  EXPECT_LT(relative_error(download_floats(rstd, rows), ref.rstd), 1e-5) << "rstd";
+  // C == 1: xhat is 0 and dx is exactly 0 in the reference; compare absolutely.
+  EXPECT_LT(relative_error(dx.download(), ref_grad.dx), C == 1 ? 1e-6 : tol) << "dx";
+  EXPECT_LT(relative_error(dgamma.download(), ref_grad.dgamma), C == 1 ? 1e-6 : tol) << "dgamma";
+  EXPECT_LT(relative_error(dbeta.download(), ref_grad.dbeta), tol) << "dbeta";
+
+  cudaFree(mean);
+  cudaFree(rstd);
+  cudaFree(workspace);
+}
+
+std::string shape_name(const ::testing::TestParamInfo<std::tuple<DType, Shape>>& info) {
+  const auto [dtype, shape] = info.param;
+  return std::string(dtype_name(dtype)) + "_" + std::to_string(shape.rows) + "x" + std::to_string(shape.columns);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, LayerNormTest,
+    ::testing::Combine(::testing::Values(DType::f32, DType::f16, DType::bf16),
+                       ::testing::Values(Shape{257, 1}, Shape{300, 31}, Shape{1000, 768}, Shape{77, 1000},
+                                         Shape{64, 1536}, Shape{1, 4096}, Shape{33, 4096}, Shape{9, 12288},
+                                         Shape{3, 70000}, Shape{1'000'000, 32}, Shape{2, 33})),
+    shape_name);
+
+}  // namespace
+}  // namespace fusekit::kernels
