@@ -14,6 +14,7 @@
 #include "kernels/layernorm.h"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace fusekit::kernels {
 namespace {

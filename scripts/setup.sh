@@ -51,4 +51,4 @@ if ! cmake "${cmake_args[@]}" >"$BUILD_DIR.configure.log" 2>&1; then
   fi
 fi
 grep 'fusekit:' "$BUILD_DIR.configure.log" || true
-cmake --build "$BUILD_DIR" -j "$(nproc)"
+cmake --build "$BUILD_DIR" -j "$(nproc)" -- -k 0
