@@ -70,6 +70,15 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// Sum over aligned groups of LANES consecutive lanes (LANES a power of two <= 32); every lane of a
+// group gets its group's sum. The whole warp must call it.
+template <int LANES>
+__device__ __forceinline__ float lane_group_sum(float v) {
+#pragma unroll
+  for (int offset = LANES / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
 // Sum over the block; every thread gets the result. `scratch` holds one float per warp, and is
 // reusable after the call returns (a barrier guards it).
 __device__ __forceinline__ float block_sum(float v, float* scratch) {

@@ -1,8 +1,9 @@
 // LayerNorm forward and backward (see layernorm.h for the math and layouts).
 //
 // Design: the row lives in registers. A row group of TPR threads owns one row at a time, each thread
-// holding NV vectors of VEC elements (16 bytes each where C allows): TPR = 32 is a warp per row
-// (short rows, several rows per block); TPR = 128..1024 is a block per row. Mean and variance are
+// holding NV vectors of VEC elements (16 bytes each where C allows): TPR = 4..32 lanes of a warp per
+// row (short rows: Swin's 96..192 columns take 4 or 8 lanes, so no lane idles), several rows per
+// block; TPR = 128..1024 is a block per row. Mean and variance are
 // two passes over the registers, so the variance never suffers the cancellation of E[x^2] - E[x]^2,
 // and x is read from memory once. Rows too long for the register configurations take a looping
 // kernel that re-reads the row (correct for any length, slower).
@@ -22,26 +23,33 @@ namespace {
 // ---- CUDA kernels
 
 template <class T, int VEC, int NV, int TPR>
-__global__ void __launch_bounds__(TPR == kWarpSize ? 256 : TPR)
+__global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     layernorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta,
                              T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int rows, int C,
                              float eps) {
   __shared__ float scratch[kWarpSize];
   using V = Vec<T, VEC>;
-  constexpr bool kWarpPerRow = TPR == kWarpSize;
-  const int groups = kWarpPerRow ? blockDim.x / kWarpSize : 1;
-  const int group = kWarpPerRow ? threadIdx.x / kWarpSize : 0;
-  const int t = kWarpPerRow ? threadIdx.x % kWarpSize : threadIdx.x;
-  auto reduce = [&](float v) { return kWarpPerRow ? warp_sum(v) : block_sum(v, scratch); };
+  constexpr bool kWarpPerRow = TPR <= kWarpSize;  // TPR lanes of a warp per row
+  const int groups = kWarpPerRow ? blockDim.x / TPR : 1;
+  const int group = kWarpPerRow ? threadIdx.x / TPR : 0;
+  const int t = kWarpPerRow ? threadIdx.x % TPR : threadIdx.x;
+  auto reduce = [&](float v) {
+    if constexpr (kWarpPerRow) return lane_group_sum<TPR>(v);
+    else return block_sum(v, scratch);
+  };
 
-  for (int row = blockIdx.x * groups + group; row < rows; row += gridDim.x * groups) {
+  // Every lane of a warp runs every iteration (its shuffles need the whole warp); a row group past
+  // the last row computes on zeros and writes nothing.
+  for (int first = blockIdx.x * groups; first < rows; first += gridDim.x * groups) {
+    const int row = first + group;
+    const bool valid = row < rows;
     const T* xr = x + static_cast<size_t>(row) * C;
     float v[NV][VEC];
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
       const int c = (j * TPR + t) * VEC;
-      if (c < C) {
+      if (valid && c < C) {
         const V in = V::load_stream(xr + c);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
@@ -57,7 +65,7 @@ __global__ void __launch_bounds__(TPR == kWarpSize ? 256 : TPR)
     float squares = 0.f;
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
-      if ((j * TPR + t) * VEC < C) {
+      if (valid && (j * TPR + t) * VEC < C) {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) squares += (v[j][k] - mu) * (v[j][k] - mu);
       }
@@ -67,7 +75,7 @@ __global__ void __launch_bounds__(TPR == kWarpSize ? 256 : TPR)
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
       const int c = (j * TPR + t) * VEC;
-      if (c < C) {
+      if (valid && c < C) {
         const V g = V::load(gamma + c), b = V::load(beta + c);
         V out;
 #pragma unroll
@@ -75,7 +83,7 @@ __global__ void __launch_bounds__(TPR == kWarpSize ? 256 : TPR)
         out.store(yr + c);
       }
     }
-    if (t == 0) {
+    if (valid && t == 0) {
       mean[row] = mu;
       rstd[row] = rs;
     }
@@ -110,18 +118,21 @@ __global__ void layernorm_forward_looping_kernel(const T* __restrict__ x, const 
 
 // partial: [gridDim.x][2][C] floats: per block, sum over its rows of dy * xhat (dgamma) and dy (dbeta).
 template <class T, int VEC, int NV, int TPR>
-__global__ void __launch_bounds__(TPR == kWarpSize ? 256 : TPR)
+__global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ gamma,
                               const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                               float* __restrict__ partial, int rows, int C) {
   __shared__ float scratch[kWarpSize];
-  extern __shared__ float group_partial[];  // warp per row: [groups][2][C], combined before the write
+  extern __shared__ float warp_partial[];  // lanes per row: [warps][2][C], combined before the write
   using V = Vec<T, VEC>;
-  constexpr bool kWarpPerRow = TPR == kWarpSize;
-  const int groups = kWarpPerRow ? blockDim.x / kWarpSize : 1;
-  const int group = kWarpPerRow ? threadIdx.x / kWarpSize : 0;
-  const int t = kWarpPerRow ? threadIdx.x % kWarpSize : threadIdx.x;
-  auto reduce = [&](float v) { return kWarpPerRow ? warp_sum(v) : block_sum(v, scratch); };
+  constexpr bool kWarpPerRow = TPR <= kWarpSize;  // TPR lanes of a warp per row
+  const int groups = kWarpPerRow ? blockDim.x / TPR : 1;
+  const int group = kWarpPerRow ? threadIdx.x / TPR : 0;
+  const int t = kWarpPerRow ? threadIdx.x % TPR : threadIdx.x;
+  auto reduce = [&](float v) {
+    if constexpr (kWarpPerRow) return lane_group_sum<TPR>(v);
+    else return block_sum(v, scratch);
+  };
 
   float dgamma[NV][VEC], dbeta[NV][VEC];
 #pragma unroll
@@ -129,9 +140,11 @@ __global__ void __launch_bounds__(TPR == kWarpSize ? 256 : TPR)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) dgamma[j][k] = dbeta[j][k] = 0.f;
   }
-  for (int row = blockIdx.x * groups + group; row < rows; row += gridDim.x * groups) {
+  for (int first = blockIdx.x * groups; first < rows; first += gridDim.x * groups) {
+    const int row = first + group;
+    const bool valid = row < rows;  // as in the forward: the whole warp runs every iteration
     const size_t offset = static_cast<size_t>(row) * C;
-    const float mu = mean[row], rs = rstd[row];
+    const float mu = valid ? mean[row] : 0.f, rs = valid ? rstd[row] : 0.f;
     // The row stays in registers in its storage type (half the registers of floats for 16-bit
     // types); xhat and g are recomputed in the second pass rather than kept.
     V xv[NV], dyv[NV];
@@ -139,7 +152,7 @@ __global__ void __launch_bounds__(TPR == kWarpSize ? 256 : TPR)
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
       const int c = (j * TPR + t) * VEC;
-      if (c < C) {
+      if (valid && c < C) {
         xv[j] = V::load_stream(x + offset + c);
         dyv[j] = V::load_stream(dy + offset + c);
         const V gv = V::load(gamma + c);
@@ -160,7 +173,7 @@ __global__ void __launch_bounds__(TPR == kWarpSize ? 256 : TPR)
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
       const int c = (j * TPR + t) * VEC;
-      if (c < C) {
+      if (valid && c < C) {
         const V gv = V::load(gamma + c);
         V out;
 #pragma unroll
@@ -188,21 +201,37 @@ __global__ void __launch_bounds__(TPR == kWarpSize ? 256 : TPR)
       }
     }
   } else {
+    // The row groups of a warp hold the same columns: sum across them with shuffles, then across
+    // the block's warps in shared memory.
+    const int warp = threadIdx.x / kWarpSize, warps = blockDim.x / kWarpSize;
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
-      const int c = (j * TPR + t) * VEC;
-      if (c < C) {
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          group_partial[(group * 2) * C + c + k] = dgamma[j][k];
-          group_partial[(group * 2 + 1) * C + c + k] = dbeta[j][k];
+      for (int k = 0; k < VEC; ++k) {
+#pragma unroll
+        for (int offset = TPR; offset < kWarpSize; offset *= 2) {
+          dgamma[j][k] += __shfl_xor_sync(0xffffffffu, dgamma[j][k], offset);
+          dbeta[j][k] += __shfl_xor_sync(0xffffffffu, dbeta[j][k], offset);
+        }
+      }
+    }
+    if (threadIdx.x % kWarpSize < TPR) {
+#pragma unroll
+      for (int j = 0; j < NV; ++j) {
+        const int c = (j * TPR + t) * VEC;
+        if (c < C) {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            warp_partial[(warp * 2) * C + c + k] = dgamma[j][k];
+            warp_partial[(warp * 2 + 1) * C + c + k] = dbeta[j][k];
+          }
         }
       }
     }
     __syncthreads();
     for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) {
       float s = 0.f;
-      for (int w = 0; w < groups; ++w) s += group_partial[w * 2 * C + i];
+      for (int w = 0; w < warps; ++w) s += warp_partial[w * 2 * C + i];
       block_partial[i] = s;
     }
   }
@@ -240,12 +269,12 @@ __global__ void layernorm_backward_looping_kernel(const T* __restrict__ dy, cons
   }
 }
 
-// dgamma[c] = sum_p partial[p][0][c], dbeta[c] = sum_p partial[p][1][c]. A block of 32 columns x 8
+// dgamma[c] = sum_p partial[p][0][c], dbeta[c] = sum_p partial[p][1][c]. A block of 32 columns x 32
 // slices of p; the slices meet in shared memory.
 template <class T>
 __global__ void layernorm_parameter_gradient_kernel(const float* __restrict__ partial, int parts, int C,
                                                     T* __restrict__ dgamma, T* __restrict__ dbeta) {
-  __shared__ float sums[2][8][kWarpSize + 1];
+  __shared__ float sums[2][kWarpSize][kWarpSize + 1];
   const int c = blockIdx.x * kWarpSize + threadIdx.x;
   float sg = 0.f, sb = 0.f;
   if (c < C) {
@@ -285,11 +314,12 @@ struct Config {
   int nv;
 };
 
-// The smallest configuration that holds a row of `vectors` vectors; {0, 0} if none does.
+// The configuration that holds a row of `vectors` vectors with the fewest idle lanes: 4..32 lanes
+// per row with up to 4 vectors each, else a block per row; {0, 0} if none does.
 Config choose_config(int vectors, int max_nv) {
-  if (vectors <= kWarpSize) return {kWarpSize, 1};
-  if (vectors <= 2 * kWarpSize) return {kWarpSize, 2};
-  if (vectors <= 4 * kWarpSize) return {kWarpSize, 4};
+  for (int tpr : {4, 8, 16, 32}) {
+    if (vectors <= tpr * 4) return {tpr, ceil_div(vectors, tpr)};
+  }
   for (int tpr : {128, 256, 512, 1024}) {
     if (vectors <= tpr * 4) return {tpr, 4};
   }
@@ -297,22 +327,25 @@ Config choose_config(int vectors, int max_nv) {
   return {0, 0};
 }
 
-// Maps (config) to the kernel template; FN is called with the compile-time TPR and NV.
+// Maps the configuration to the kernel template; FN is called with the compile-time TPR and NV.
 template <class FN>
 bool dispatch_config(Config config, FN&& fn) {
-#define FUSEKIT_LN_CASE(TPR_, NV_)                                     \
-  if (config.tpr == TPR_ && config.nv == NV_) {                        \
+#define FUSEKIT_LN_CASE(TPR_, NV_)                                               \
+  if (config.tpr == TPR_ && config.nv == NV_) {                                  \
     fn(std::integral_constant<int, TPR_>{}, std::integral_constant<int, NV_>{}); \
-    return true;                                                       \
+    return true;                                                                 \
   }
-  FUSEKIT_LN_CASE(32, 1)
-  FUSEKIT_LN_CASE(32, 2)
-  FUSEKIT_LN_CASE(32, 4)
+#define FUSEKIT_LN_LANES(TPR_) FUSEKIT_LN_CASE(TPR_, 1) FUSEKIT_LN_CASE(TPR_, 2) FUSEKIT_LN_CASE(TPR_, 3) FUSEKIT_LN_CASE(TPR_, 4)
+  FUSEKIT_LN_LANES(4)
+  FUSEKIT_LN_LANES(8)
+  FUSEKIT_LN_LANES(16)
+  FUSEKIT_LN_LANES(32)
   FUSEKIT_LN_CASE(128, 4)
   FUSEKIT_LN_CASE(256, 4)
   FUSEKIT_LN_CASE(512, 4)
   FUSEKIT_LN_CASE(1024, 4)
   FUSEKIT_LN_CASE(1024, 8)
+#undef FUSEKIT_LN_LANES
 #undef FUSEKIT_LN_CASE
   return false;
 }
@@ -333,15 +366,11 @@ int vector_width(int C, std::initializer_list<const void*> pointers) {
   return kVec;
 }
 
-constexpr int kWarpRowsPerBlockForward = 8;   // 256 threads
-constexpr int kWarpRowsPerBlockBackward = 8;  // 256 threads: up to 255 registers for the accumulators
+// Lanes-per-row kernels run 256 threads a block (up to 255 registers for the backward's accumulators).
+constexpr int kLaneKernelThreads = 256;
 
-// Blocks of the backward grid, hence partial rows: enough to fill the GPU twice.
-int backward_blocks(int rows, int C) {
-  const Config config = choose_config(C, 4);  // the scalar (VEC = 1) row is the widest case
-  const int rows_per_block = config.tpr == kWarpSize ? kWarpRowsPerBlockBackward : 1;
-  return std::max(1, std::min(ceil_div(rows, rows_per_block), 2 * multiprocessors()));
-}
+// Blocks of the backward grid, hence partial rows: three per multiprocessor (no more than rows).
+int backward_blocks(int rows) { return std::max(1, std::min(rows, 3 * multiprocessors())); }
 
 template <class T>
 void forward_typed(const T* x, const T* gamma, const T* beta, T* y, float* mean, float* rstd, int rows, int C,
@@ -352,8 +381,8 @@ void forward_typed(const T* x, const T* gamma, const T* beta, T* y, float* mean,
     constexpr int VEC = decltype(vec_c)::value;
     const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
       constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
-      const int threads = TPR == kWarpSize ? kWarpSize * kWarpRowsPerBlockForward : TPR;
-      const int rows_per_block = TPR == kWarpSize ? kWarpRowsPerBlockForward : 1;
+      const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
+      const int rows_per_block = threads / TPR;
       const int blocks = std::min(ceil_div(rows, rows_per_block), 64 * multiprocessors());
       layernorm_forward_kernel<T, VEC, NV, TPR>
           <<<blocks, threads, 0, stream>>>(x, gamma, beta, y, mean, rstd, rows, C, eps);
@@ -373,14 +402,14 @@ void backward_typed(const T* dy, const T* x, const T* gamma, const float* mean, 
                     T* dbeta, int rows, int C, float* partial, cudaStream_t stream) {
   const int vec = vector_width<T>(C, {dy, x, gamma, dx});
   const Config config = choose_config(C / vec, 4);
-  const int blocks = backward_blocks(rows, C);
+  const int blocks = backward_blocks(rows);
   auto launch = [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
     const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
       constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
       if constexpr (NV <= 4) {
-        const int threads = TPR == kWarpSize ? kWarpSize * kWarpRowsPerBlockBackward : TPR;
-        const size_t shared = TPR == kWarpSize ? sizeof(float) * 2 * C * kWarpRowsPerBlockBackward : 0;
+        const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
+        const size_t shared = TPR <= kWarpSize ? sizeof(float) * 2 * C * (threads / kWarpSize) : 0;
         auto kernel = layernorm_backward_kernel<T, VEC, NV, TPR>;
         if (shared > 48 * 1024) {
           FUSEKIT_KERNEL_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
@@ -395,7 +424,7 @@ void backward_typed(const T* dy, const T* x, const T* gamma, const float* mean, 
   if (vec == 1) launch(std::integral_constant<int, 1>{});
   else launch(std::integral_constant<int, 16 / sizeof(T)>{});
   FUSEKIT_KERNEL_CHECK(cudaGetLastError());
-  const dim3 threads(kWarpSize, 8);
+  const dim3 threads(kWarpSize, kWarpSize);
   layernorm_parameter_gradient_kernel<T>
       <<<ceil_div(C, kWarpSize), threads, 0, stream>>>(partial, blocks, C, dgamma, dbeta);
   FUSEKIT_KERNEL_CHECK(cudaGetLastError());
@@ -440,7 +469,7 @@ void layernorm_forward(DType dtype, const void* x, const void* gamma, const void
 
 size_t layernorm_backward_workspace_bytes(int rows, int columns) {
   check_sizes(rows, columns);
-  return sizeof(float) * 2 * static_cast<size_t>(columns) * backward_blocks(std::max(rows, 1), columns);
+  return sizeof(float) * 2 * static_cast<size_t>(columns) * backward_blocks(std::max(rows, 1));
 }
 
 void layernorm_backward(DType dtype, const void* dy, const void* x, const void* gamma, const float* mean,
