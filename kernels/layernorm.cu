@@ -118,7 +118,7 @@ __global__ void layernorm_forward_looping_kernel(const T* __restrict__ x, const 
 
 // partial: [gridDim.x][2][C] floats: per block, sum over its rows of dy * xhat (dgamma) and dy (dbeta).
 template <class T, int VEC, int NV, int TPR>
-__global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
+__global__ void __launch_bounds__(TPR <= kWarpSize ? 512 : TPR)
     layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ gamma,
                               const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                               float* __restrict__ partial, int rows, int C) {
@@ -160,7 +160,9 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
         for (int k = 0; k < VEC; ++k) {
           const float d = to_float(dyv[j].v[k]);
           const float xhat = (to_float(xv[j].v[k]) - mu) * rs;
-          const float g = d * to_float(gv.v[k]);
+          // Rounded products (no FMA contraction), so both passes see the same g: for one column,
+          // g - mean(g) is then exactly 0, as it must be.
+          const float g = __fmul_rn(d, to_float(gv.v[k]));
           sum_g += g;
           sum_gx += g * xhat;
           dgamma[j][k] += d * xhat;
@@ -179,7 +181,7 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           const float xhat = (to_float(xv[j].v[k]) - mu) * rs;
-          const float g = to_float(dyv[j].v[k]) * to_float(gv.v[k]);
+          const float g = __fmul_rn(to_float(dyv[j].v[k]), to_float(gv.v[k]));
           out.v[k] = from_float<T>(rs * (g - mean_g - xhat * mean_gx));
         }
         out.store(dx + offset + c);
@@ -366,11 +368,16 @@ int vector_width(int C, std::initializer_list<const void*> pointers) {
   return kVec;
 }
 
-// Lanes-per-row kernels run 256 threads a block (up to 255 registers for the backward's accumulators).
+// Lanes-per-row kernels: 256 threads a block forward; 512 backward (16 warps share one partial row).
 constexpr int kLaneKernelThreads = 256;
+constexpr int kLaneBackwardThreads = 512;
 
-// Blocks of the backward grid, hence partial rows: three per multiprocessor (no more than rows).
-int backward_blocks(int rows) { return std::max(1, std::min(rows, 3 * multiprocessors())); }
+// Blocks of the backward grid, hence partial rows: enough for about one row per row group, at most
+// eight per multiprocessor. The workspace is sized for the most a configuration can ask.
+constexpr int kBackwardBlocksPerMultiprocessor = 8;
+int backward_blocks(int rows, int rows_per_block) {
+  return std::max(1, std::min(ceil_div(rows, rows_per_block), kBackwardBlocksPerMultiprocessor * multiprocessors()));
+}
 
 template <class T>
 void forward_typed(const T* x, const T* gamma, const T* beta, T* y, float* mean, float* rstd, int rows, int C,
@@ -402,13 +409,14 @@ void backward_typed(const T* dy, const T* x, const T* gamma, const float* mean, 
                     T* dbeta, int rows, int C, float* partial, cudaStream_t stream) {
   const int vec = vector_width<T>(C, {dy, x, gamma, dx});
   const Config config = choose_config(C / vec, 4);
-  const int blocks = backward_blocks(rows);
+  const int threads_per_block = config.tpr == 0 ? 1024 : config.tpr <= kWarpSize ? kLaneBackwardThreads : config.tpr;
+  const int blocks = backward_blocks(rows, config.tpr == 0 ? 1 : std::max(1, threads_per_block / config.tpr));
   auto launch = [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
     const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
       constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
       if constexpr (NV <= 4) {
-        const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
+        const int threads = threads_per_block;
         const size_t shared = TPR <= kWarpSize ? sizeof(float) * 2 * C * (threads / kWarpSize) : 0;
         auto kernel = layernorm_backward_kernel<T, VEC, NV, TPR>;
         if (shared > 48 * 1024) {
@@ -469,7 +477,7 @@ void layernorm_forward(DType dtype, const void* x, const void* gamma, const void
 
 size_t layernorm_backward_workspace_bytes(int rows, int columns) {
   check_sizes(rows, columns);
-  return sizeof(float) * 2 * static_cast<size_t>(columns) * backward_blocks(std::max(rows, 1));
+  return sizeof(float) * 2 * static_cast<size_t>(columns) * backward_blocks(std::max(rows, 1), 1);
 }
 
 void layernorm_backward(DType dtype, const void* dy, const void* x, const void* gamma, const float* mean,
