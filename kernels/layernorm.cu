@@ -118,7 +118,7 @@ __global__ void layernorm_forward_looping_kernel(const T* __restrict__ x, const 
 
 // partial: [gridDim.x][2][C] floats: per block, sum over its rows of dy * xhat (dgamma) and dy (dbeta).
 template <class T, int VEC, int NV, int TPR>
-__global__ void __launch_bounds__(TPR <= kWarpSize ? 512 : TPR)
+__global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ gamma,
                               const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                               float* __restrict__ partial, int rows, int C) {
@@ -368,16 +368,12 @@ int vector_width(int C, std::initializer_list<const void*> pointers) {
   return kVec;
 }
 
-// Lanes-per-row kernels: 256 threads a block forward; 512 backward (16 warps share one partial row).
+// Lanes-per-row kernels run 256 threads a block (up to 255 registers for the backward's accumulators;
+// 512-thread blocks, with half the partial rows, measured slower at BERT shapes).
 constexpr int kLaneKernelThreads = 256;
-constexpr int kLaneBackwardThreads = 512;
 
-// Blocks of the backward grid, hence partial rows: enough for about one row per row group, at most
-// eight per multiprocessor. The workspace is sized for the most a configuration can ask.
-constexpr int kBackwardBlocksPerMultiprocessor = 8;
-int backward_blocks(int rows, int rows_per_block) {
-  return std::max(1, std::min(ceil_div(rows, rows_per_block), kBackwardBlocksPerMultiprocessor * multiprocessors()));
-}
+// Blocks of the backward grid, hence partial rows: three per multiprocessor (no more than rows).
+int backward_blocks(int rows) { return std::max(1, std::min(rows, 3 * multiprocessors())); }
 
 template <class T>
 void forward_typed(const T* x, const T* gamma, const T* beta, T* y, float* mean, float* rstd, int rows, int C,
@@ -409,14 +405,13 @@ void backward_typed(const T* dy, const T* x, const T* gamma, const float* mean, 
                     T* dbeta, int rows, int C, float* partial, cudaStream_t stream) {
   const int vec = vector_width<T>(C, {dy, x, gamma, dx});
   const Config config = choose_config(C / vec, 4);
-  const int threads_per_block = config.tpr == 0 ? 1024 : config.tpr <= kWarpSize ? kLaneBackwardThreads : config.tpr;
-  const int blocks = backward_blocks(rows, config.tpr == 0 ? 1 : std::max(1, threads_per_block / config.tpr));
+  const int blocks = backward_blocks(rows);
   auto launch = [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
     const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
       constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
       if constexpr (NV <= 4) {
-        const int threads = threads_per_block;
+        const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
         const size_t shared = TPR <= kWarpSize ? sizeof(float) * 2 * C * (threads / kWarpSize) : 0;
         auto kernel = layernorm_backward_kernel<T, VEC, NV, TPR>;
         if (shared > 48 * 1024) {
@@ -477,7 +472,7 @@ void layernorm_forward(DType dtype, const void* x, const void* gamma, const void
 
 size_t layernorm_backward_workspace_bytes(int rows, int columns) {
   check_sizes(rows, columns);
-  return sizeof(float) * 2 * static_cast<size_t>(columns) * backward_blocks(std::max(rows, 1), 1);
+  return sizeof(float) * 2 * static_cast<size_t>(columns) * backward_blocks(std::max(rows, 1));
 }
 
 void layernorm_backward(DType dtype, const void* dy, const void* x, const void* gamma, const float* mean,
