@@ -84,6 +84,35 @@ void check_dropped(uint64_t dropped, bool allowed) {
   std::fprintf(stderr, "fusekit: warning: %llu trace records were dropped\n", static_cast<unsigned long long>(dropped));
 }
 
+// Runs `command` with the injection library, its records going into `run` of the store at `db`;
+// returns its exit code (128 + signal if killed, 127 if it could not be started).
+int run_traced(const std::string& db, int64_t run, const std::vector<std::string>& command, int flush_ms) {
+  const char* override_path = std::getenv("FUSEKIT_INJECT_LIBRARY");
+  const std::string inject = override_path ? override_path : directory_of_executable() + "/libfusekit_inject.so";
+  if (access(inject.c_str(), R_OK) != 0) throw std::runtime_error("injection library not found: " + inject);
+  const std::string cupti = profiler::cupti_library_path();
+  if (cupti.empty()) throw std::runtime_error("the CUPTI library is not loaded; cannot trace NVTX ranges");
+  pid_t child = fork();
+  if (child < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
+  if (child == 0) {
+    setenv("CUDA_INJECTION64_PATH", inject.c_str(), 1);
+    setenv("NVTX_INJECTION64_PATH", cupti.c_str(), 1);
+    setenv("FUSEKIT_TRACE_DB", db.c_str(), 1);
+    setenv("FUSEKIT_TRACE_RUN", std::to_string(run).c_str(), 1);
+    setenv("FUSEKIT_TRACE_FLUSH_MS", std::to_string(flush_ms).c_str(), 1);
+    std::vector<char*> args;
+    for (const auto& a : command) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    std::fprintf(stderr, "fusekit: cannot run '%s': %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 }  // namespace
 
 double parse_fraction(const std::string& text) {
@@ -140,10 +169,15 @@ int bench(const BenchOptions& o) {
     store.set_copy_ceiling(run, ceiling);
     std::fprintf(stderr, "fusekit: device copy ceiling %.2f TB/s\n", ceiling / 1e12);
     suites::RunnerOptions options{o.warmup, o.repetitions, o.traced_repetitions, false};
-    uint64_t dropped = 0;
     if (ops) {
       if (!suites::baselines_available()) std::fprintf(stderr, "fusekit: built without libtorch: no baseline variants\n");
-      dropped = suites::run_cases(store, run, ops_cases, options);
+      suites::run_cases(store, run, ops_cases, options);
+      if (!o.peers.empty()) {
+        // PyTorch eager and torch.compile on the same cases, traced into this run.
+        std::fprintf(stderr, "fusekit: running the peers: python3 %s\n", o.peers.c_str());
+        const int code = run_traced(o.db, run, {"python3", o.peers}, 1000);
+        if (code != 0) throw std::runtime_error("the peers script failed with exit code " + std::to_string(code));
+      }
     } else {
       suites::DemoSuite demo;
       profiler::CuptiTracer& tracer = profiler::CuptiTracer::instance();
@@ -151,12 +185,12 @@ int bench(const BenchOptions& o) {
       demo.upload(nullptr);
       tracer.stop();
       store.append_trace(run, tracer.flush());
-      dropped = suites::run_cases(store, run, demo.cases(), options);
+      suites::run_cases(store, run, demo.cases(), options);
     }
     store.finish_run(run, "ok", 0);
     std::cout << reports::case_table_text(store.load_cases(run));
     std::cout << "run " << run << " recorded in " << o.db << "\n";
-    check_dropped(dropped, o.allow_dropped);
+    check_dropped(store.run(run).dropped_records, o.allow_dropped);
   } catch (...) {
     store.finish_run(run, "failed", 1);
     throw;
@@ -166,38 +200,13 @@ int bench(const BenchOptions& o) {
 
 int trace(const TraceOptions& o) {
   if (o.command.empty()) throw std::invalid_argument("no command to trace (usage: fusekit trace --db out.db -- cmd ...)");
-  const char* override_path = std::getenv("FUSEKIT_INJECT_LIBRARY");
-  const std::string inject = override_path ? override_path : directory_of_executable() + "/libfusekit_inject.so";
-  if (access(inject.c_str(), R_OK) != 0) throw std::runtime_error("injection library not found: " + inject);
-  const std::string cupti = profiler::cupti_library_path();
-  if (cupti.empty()) throw std::runtime_error("the CUPTI library is not loaded; cannot trace NVTX ranges");
 
   Store store = Store::open(o.db, Store::Mode::create);
   const profiler::Environment env = profiler::read_environment();
-  std::vector<std::string> argv = {"fusekit", "trace", "--"};
-  argv.insert(argv.end(), o.command.begin(), o.command.end());
   const int64_t run = store.begin_run(describe_run(o.label, o.command, env));
   for (const auto& g : env.gpus) store.add_gpu(run, g);
 
-  pid_t child = fork();
-  if (child < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
-  if (child == 0) {
-    setenv("CUDA_INJECTION64_PATH", inject.c_str(), 1);
-    setenv("NVTX_INJECTION64_PATH", cupti.c_str(), 1);
-    setenv("FUSEKIT_TRACE_DB", o.db.c_str(), 1);
-    setenv("FUSEKIT_TRACE_RUN", std::to_string(run).c_str(), 1);
-    setenv("FUSEKIT_TRACE_FLUSH_MS", std::to_string(o.flush_ms).c_str(), 1);
-    std::vector<char*> args;
-    for (const auto& a : o.command) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    std::fprintf(stderr, "fusekit: cannot run '%s': %s\n", args[0], std::strerror(errno));
-    _exit(127);
-  }
-  int status = 0;
-  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
-  }
-  const int exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  const int exit_code = run_traced(o.db, run, o.command, o.flush_ms);
   store.finish_run(run, exit_code == 0 ? "ok" : "failed", exit_code);
   const reports::RunReport report = store.load_report(run);
   std::fprintf(stderr, "fusekit: run %lld: %llu kernels, %llu copies, %llu ranges, %llu API calls recorded in %s; exit code %d\n",

@@ -20,6 +20,7 @@ struct BenchOptions {
   std::string shape;
   std::string dtype;
   bool backward = false;
+  std::string peers;  // a peers script (scripts/peers/ops.py) to run traced into the same run
   std::vector<std::string> argv;
 };
 int bench(const BenchOptions& o);

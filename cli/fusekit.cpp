@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--shape", bench_options.shape, "With --op: ROWSxCOLUMNS, e.g. 16384x1024");
   bench_cmd->add_option("--dtype", bench_options.dtype, "With --op: fp32 | fp16 | bf16");
   bench_cmd->add_flag("--backward", bench_options.backward, "With --op: time forward + backward");
+  bench_cmd->add_option("--peers", bench_options.peers, "With the ops suite: a peers script (scripts/peers/ops.py) run traced into the same run")->check(CLI::ExistingFile);
   bench_cmd->add_option("--label", bench_options.label, "Label stored with the run");
   bench_cmd->add_option("--warmup", bench_options.warmup, "Warm-up repetitions per case")->check(CLI::NonNegativeNumber)->capture_default_str();
   bench_cmd->add_option("--reps", bench_options.repetitions, "Timed repetitions per case")->check(CLI::Range(1, 100000))->capture_default_str();
