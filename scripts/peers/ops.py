@@ -1,11 +1,12 @@
 """PyTorch peers of fusekit's operator suite: PyTorch eager and torch.compile on the same cases.
 
 Each case is timed like fusekit's runner: warm-up, then timed repetitions between CUDA events,
-rotating through input sets larger than twice the L2, every sample kept. Run it under
-`fusekit trace` (or `fusekit bench --suite ops --peers`): it writes its cases and samples into the
-traced run of the store (FUSEKIT_TRACE_DB, FUSEKIT_TRACE_RUN) as variants peer:eager and
-peer:compile, and marks each case with an NVTX range "<case> [<variant>]", so its kernels sit in
-the same store as fusekit's.
+rotating through input sets larger than twice the L2, every sample kept, with no tracer in the
+process. `fusekit bench --suite ops --peers scripts/peers/ops.py` runs it twice into the same run
+of the store (FUSEKIT_TRACE_DB, FUSEKIT_TRACE_RUN): once untraced, writing its cases and samples as
+variants peer:eager and peer:compile, and once under `fusekit trace` with --traced-only, which
+runs a few repetitions per case inside NVTX ranges "<case> [<variant>]" and writes no samples, so
+the peers' kernels sit in the same store as fusekit's.
 """
 import argparse
 import os
@@ -54,7 +55,10 @@ def main() -> int:
     parser.add_argument("--variants", default="eager,compile")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--traced-only", action="store_true", help="a few repetitions for the tracer; no samples")
     args = parser.parse_args()
+    if args.traced_only:
+        args.reps, args.warmup = 3, 2
     db_path, run = os.environ.get("FUSEKIT_TRACE_DB"), os.environ.get("FUSEKIT_TRACE_RUN")
     if not db_path or not run:
         print("ops.py: run it under `fusekit trace --db DB -- python3 scripts/peers/ops.py`", file=sys.stderr)
@@ -97,6 +101,8 @@ def main() -> int:
             print(f"[{i + 1}/{len(cases)}] {label}", file=sys.stderr, flush=True)
             with torch.no_grad() if not backward else torch.enable_grad():
                 samples = time_case(step, sets, args.warmup, args.reps, label)
+            if args.traced_only:
+                continue
             with db:
                 cursor = db.execute(
                     "INSERT INTO cases(runId, name, op, shape, dtype, variant, bytes, flops) VALUES (?,?,?,?,?,?,?,0)",
