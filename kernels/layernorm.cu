@@ -386,9 +386,7 @@ void forward_typed(const T* x, const T* gamma, const T* beta, T* y, float* mean,
       constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
       const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
       const int rows_per_block = threads / TPR;
-      // One row per row group: a capped, grid-stride grid left a half-empty last wave on Swin's
-      // 400k-row tensors (119 us where one pass at the copy ceiling takes 103).
-      const int blocks = ceil_div(rows, rows_per_block);
+      const int blocks = std::min(ceil_div(rows, rows_per_block), 64 * multiprocessors());
       layernorm_forward_kernel<T, VEC, NV, TPR>
           <<<blocks, threads, 0, stream>>>(x, gamma, beta, y, mean, rstd, rows, C, eps);
     });
