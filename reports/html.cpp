@@ -21,6 +21,7 @@ th { background: #f3f5f7; }
 .num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 .name { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; font-size: 12px;
         word-break: break-all; }
+td.name { min-width: 40ch; }
 table.meta th { text-align: left; white-space: nowrap; }
 .chart { position: relative; width: 100%; }
 .note, .empty { color: #5b6570; }
@@ -81,8 +82,16 @@ constexpr std::string_view kScript = R"JS(
     kernels.push({name: data.other_kernels.count + ' other kernels', short_name: 'other',
                   percent: data.other_kernels.percent});
   }
+  // Short names, cut to 40 characters, numbered where several kernels share one; the tooltip
+  // shows the full name.
+  const seen = {};
+  const labels = kernels.map((k) => {
+    const base = k.short_name.length > 40 ? k.short_name.slice(0, 39) + '\u2026' : k.short_name;
+    seen[base] = (seen[base] || 0) + 1;
+    return seen[base] > 1 ? base + ' #' + seen[base] : base;
+  });
   bars('chart-kernels', {
-    labels: kernels.map((k) => k.short_name),
+    labels: labels,
     datasets: [{label: 'share of kernel time (%)', data: kernels.map((k) => k.percent),
                 backgroundColor: palette[0]}],
   }, {
