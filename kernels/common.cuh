@@ -1,4 +1,4 @@
-// Shared device helpers for fusekit's kernels: the CUDA checking macro, 16-byte vectors of the
+// Shared device helpers for fusekit's kernels: 16-byte vectors of the
 // storage type, conversions to and from float, and warp and block reductions.
 //
 // Storage types are float, __half and __nv_bfloat16; arithmetic is always in float registers.
@@ -8,18 +8,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <stdexcept>
-#include <string>
-
-// The one checking macro for the CUDA runtime in kernels/: file, line, the call, CUDA's message.
-#define FUSEKIT_KERNEL_CHECK(call)                                                                        \
-  do {                                                                                                    \
-    cudaError_t fusekit_status_ = (call);                                                                 \
-    if (fusekit_status_ != cudaSuccess) {                                                                 \
-      throw std::runtime_error(std::string("CUDA error: ") + #call + " failed at " + __FILE__ + ":" +     \
-                               std::to_string(__LINE__) + ": " + cudaGetErrorString(fusekit_status_));    \
-    }                                                                                                     \
-  } while (0)
+#include "kernels/cuda_check.h"
 
 namespace fusekit::kernels {
 

@@ -22,6 +22,21 @@ namespace {
 
 // ---- CUDA kernels
 
+// How a block splits into row groups of TPR threads: TPR <= 32 is lanes of a warp per row (several
+// groups per block), larger TPR is the whole block on one row.
+template <int TPR>
+struct RowGroups {
+  static constexpr bool kLanesPerRow = TPR <= kWarpSize;
+  int count = kLanesPerRow ? blockDim.x / TPR : 1;  // row groups in the block
+  int index = kLanesPerRow ? threadIdx.x / TPR : 0;  // this thread's group
+  int thread = kLanesPerRow ? threadIdx.x % TPR : threadIdx.x;  // this thread within its group
+  // Sum over the thread's row group; every thread of the block must call it.
+  __device__ float sum(float v, float* scratch) const {
+    if constexpr (kLanesPerRow) return lane_group_sum<TPR>(v);
+    else return block_sum(v, scratch);
+  }
+};
+
 template <class T, int VEC, int NV, int TPR>
 __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     layernorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta,
@@ -29,14 +44,10 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
                              float eps) {
   __shared__ float scratch[kWarpSize];
   using V = Vec<T, VEC>;
-  constexpr bool kWarpPerRow = TPR <= kWarpSize;  // TPR lanes of a warp per row
-  const int groups = kWarpPerRow ? blockDim.x / TPR : 1;
-  const int group = kWarpPerRow ? threadIdx.x / TPR : 0;
-  const int t = kWarpPerRow ? threadIdx.x % TPR : threadIdx.x;
-  auto reduce = [&](float v) {
-    if constexpr (kWarpPerRow) return lane_group_sum<TPR>(v);
-    else return block_sum(v, scratch);
-  };
+  constexpr bool kWarpPerRow = RowGroups<TPR>::kLanesPerRow;
+  const RowGroups<TPR> rg;
+  const int groups = rg.count, group = rg.index, t = rg.thread;
+  auto reduce = [&](float v) { return rg.sum(v, scratch); };
 
   // Every lane of a warp runs every iteration (its shuffles need the whole warp); a row group past
   // the last row computes on zeros and writes nothing.
@@ -125,14 +136,10 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
   __shared__ float scratch[kWarpSize];
   extern __shared__ float warp_partial[];  // lanes per row: [warps][2][C], combined before the write
   using V = Vec<T, VEC>;
-  constexpr bool kWarpPerRow = TPR <= kWarpSize;  // TPR lanes of a warp per row
-  const int groups = kWarpPerRow ? blockDim.x / TPR : 1;
-  const int group = kWarpPerRow ? threadIdx.x / TPR : 0;
-  const int t = kWarpPerRow ? threadIdx.x % TPR : threadIdx.x;
-  auto reduce = [&](float v) {
-    if constexpr (kWarpPerRow) return lane_group_sum<TPR>(v);
-    else return block_sum(v, scratch);
-  };
+  constexpr bool kWarpPerRow = RowGroups<TPR>::kLanesPerRow;
+  const RowGroups<TPR> rg;
+  const int groups = rg.count, group = rg.index, t = rg.thread;
+  auto reduce = [&](float v) { return rg.sum(v, scratch); };
 
   float dgamma[NV][VEC], dbeta[NV][VEC];
 #pragma unroll
@@ -397,7 +404,7 @@ void forward_typed(const T* x, const T* gamma, const T* beta, T* y, float* mean,
   };
   if (vec == 1) launch(std::integral_constant<int, 1>{});
   else launch(std::integral_constant<int, 16 / sizeof(T)>{});
-  FUSEKIT_KERNEL_CHECK(cudaGetLastError());
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }
 
 template <class T>
@@ -415,7 +422,7 @@ void backward_typed(const T* dy, const T* x, const T* gamma, const float* mean, 
         const size_t shared = TPR <= kWarpSize ? sizeof(float) * 2 * C * (threads / kWarpSize) : 0;
         auto kernel = layernorm_backward_kernel<T, VEC, NV, TPR>;
         if (shared > 48 * 1024) {
-          FUSEKIT_KERNEL_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+          FUSEKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
         }
         kernel<<<blocks, threads, shared, stream>>>(dy, x, gamma, mean, rstd, dx, partial, rows, C);
       }
@@ -426,11 +433,11 @@ void backward_typed(const T* dy, const T* x, const T* gamma, const float* mean, 
   };
   if (vec == 1) launch(std::integral_constant<int, 1>{});
   else launch(std::integral_constant<int, 16 / sizeof(T)>{});
-  FUSEKIT_KERNEL_CHECK(cudaGetLastError());
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
   const dim3 threads(kWarpSize, kWarpSize);
   layernorm_parameter_gradient_kernel<T>
       <<<ceil_div(C, kWarpSize), threads, 0, stream>>>(partial, blocks, C, dgamma, dbeta);
-  FUSEKIT_KERNEL_CHECK(cudaGetLastError());
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }
 
 void check_sizes(int rows, int C) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda_check.h"
 #include "reports/run_report.h"
 #include "reports/store.h"
 
@@ -40,15 +41,5 @@ uint64_t run_cases(reports::Store& store, int64_t run, const std::vector<Case>& 
 
 // Median device-to-device copy bandwidth (bytes read + bytes written per second) over `bytes`-sized buffers.
 double measure_copy_ceiling(size_t bytes, int repetitions);
-
-// The one checking macro for the CUDA runtime.
-#define FUSEKIT_CUDA_CHECK(call)                                                                          \
-  do {                                                                                                    \
-    cudaError_t fusekit_status_ = (call);                                                                 \
-    if (fusekit_status_ != cudaSuccess) {                                                                 \
-      throw std::runtime_error(std::string("CUDA error: ") + #call + " failed at " + __FILE__ + ":" +     \
-                               std::to_string(__LINE__) + ": " + cudaGetErrorString(fusekit_status_));    \
-    }                                                                                                     \
-  } while (0)
 
 }  // namespace fusekit::suites

@@ -25,7 +25,7 @@ __global__ void fill_random_kernel(T* data, size_t count, uint64_t seed, float s
 }  // namespace
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
-  FUSEKIT_KERNEL_CHECK(cudaMalloc(&data_, std::max<size_t>(bytes, 1)));
+  FUSEKIT_CUDA_CHECK(cudaMalloc(&data_, std::max<size_t>(bytes, 1)));
 }
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept : data_(other.data_), bytes_(other.bytes_) {
   other.data_ = nullptr;
@@ -61,13 +61,13 @@ void fill_random(void* data, size_t count, kernels::DType dtype, uint64_t seed, 
       fill_random_kernel<<<blocks, threads, 0, stream>>>(static_cast<__nv_bfloat16*>(data), count, seed, scale, offset);
       break;
   }
-  FUSEKIT_KERNEL_CHECK(cudaGetLastError());
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }
 
 int rotation_sets(size_t bytes_per_set) {
   int device = 0, l2 = 0;
-  FUSEKIT_KERNEL_CHECK(cudaGetDevice(&device));
-  FUSEKIT_KERNEL_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  FUSEKIT_CUDA_CHECK(cudaGetDevice(&device));
+  FUSEKIT_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
   const size_t needed = 2 * static_cast<size_t>(l2) / std::max<size_t>(bytes_per_set, 1) + 1;
   return static_cast<int>(std::max<size_t>(2, needed));
 }
