@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs the main job: benchmarks and traces the suites into out/fusekit.db and
-# writes its reports. Without a GPU it says so and renders the report of the shipped evidence.
+# Sets up, builds and runs the main job: benchmarks and traces the operator suite (with PyTorch eager
+# and torch.compile as peers where python3 has torch) into out/fusekit.db and writes its reports.
+# Without a GPU it says so and renders the report of the shipped evidence.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup.sh"
@@ -25,8 +26,11 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 
 DB="$OUT_DIR/fusekit.db"
-"$FUSEKIT" bench --suite demo --db "$DB" --label "scripts/run.sh"
-"$FUSEKIT" summary --db "$DB" --top 15
+peers=()
+python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null &&
+  peers=(--peers "$ROOT/scripts/peers/ops.py")
+"$FUSEKIT" bench --suite ops "${peers[@]}" --db "$DB" --label "scripts/run.sh" --reps 30 --warmup 5 --traced-reps 3
+"$FUSEKIT" summary --db "$DB" --top 15 --short-names
 "$FUSEKIT" report --db "$DB" --format html -o "$OUT_DIR/report.html"
 "$FUSEKIT" report --db "$DB" --format csv -o "$OUT_DIR/cases.csv"
 "$FUSEKIT" report --db "$DB" --format md -o "$OUT_DIR/report.md"
