@@ -44,7 +44,6 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
                              float eps) {
   __shared__ float scratch[kWarpSize];
   using V = Vec<T, VEC>;
-  constexpr bool kWarpPerRow = RowGroups<TPR>::kLanesPerRow;
   const RowGroups<TPR> rg;
   const int groups = rg.count, group = rg.index, t = rg.thread;
   auto reduce = [&](float v) { return rg.sum(v, scratch); };
