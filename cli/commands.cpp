@@ -128,8 +128,10 @@ double parse_fraction(const std::string& text) {
     throw std::invalid_argument("not a number or percentage: '" + text + "'");
   }
   std::string rest = text.substr(used);
-  if (rest == "%") value /= 100;
-  else if (!rest.empty()) throw std::invalid_argument("not a number or percentage: '" + text + "'");
+  if (rest == "%")
+    value /= 100;
+  else if (!rest.empty())
+    throw std::invalid_argument("not a number or percentage: '" + text + "'");
   if (!(value >= 0) || value > 10) throw std::invalid_argument("threshold out of range: '" + text + "'");
   return value;
 }
@@ -173,7 +175,8 @@ int bench(const BenchOptions& o) {
     std::fprintf(stderr, "fusekit: device copy ceiling %.2f TB/s\n", ceiling / 1e12);
     suites::RunnerOptions options{o.warmup, o.repetitions, o.traced_repetitions, false};
     if (ops) {
-      if (!suites::baselines_available()) std::fprintf(stderr, "fusekit: built without libtorch: no baseline variants\n");
+      if (!suites::baselines_available())
+        std::fprintf(stderr, "fusekit: built without libtorch: no baseline variants\n");
       suites::run_cases(store, run, ops_cases, options);
       if (!o.peers.empty()) {
         // PyTorch eager and torch.compile on the same cases: timed untraced, then traced for the
@@ -207,7 +210,8 @@ int bench(const BenchOptions& o) {
 }
 
 int trace(const TraceOptions& o) {
-  if (o.command.empty()) throw std::invalid_argument("no command to trace (usage: fusekit trace --db out.db -- cmd ...)");
+  if (o.command.empty())
+    throw std::invalid_argument("no command to trace (usage: fusekit trace --db out.db -- cmd ...)");
 
   Store store = Store::open(o.db, Store::Mode::create);
   const profiler::Environment env = profiler::read_environment();
@@ -217,10 +221,12 @@ int trace(const TraceOptions& o) {
   const int exit_code = run_child(o.db, run, o.command, o.flush_ms, true);
   store.finish_run(run, exit_code == 0 ? "ok" : "failed", exit_code);
   const reports::RunReport report = store.load_report(run);
-  std::fprintf(stderr, "fusekit: run %lld: %llu kernels, %llu copies, %llu ranges, %llu API calls recorded in %s; exit code %d\n",
-               static_cast<long long>(run), static_cast<unsigned long long>(report.totals.kernels),
-               static_cast<unsigned long long>(report.totals.memcpys), static_cast<unsigned long long>(report.totals.ranges),
-               static_cast<unsigned long long>(report.totals.api_calls), o.db.c_str(), exit_code);
+  std::fprintf(
+      stderr,
+      "fusekit: run %lld: %llu kernels, %llu copies, %llu ranges, %llu API calls recorded in %s; exit code %d\n",
+      static_cast<long long>(run), static_cast<unsigned long long>(report.totals.kernels),
+      static_cast<unsigned long long>(report.totals.memcpys), static_cast<unsigned long long>(report.totals.ranges),
+      static_cast<unsigned long long>(report.totals.api_calls), o.db.c_str(), exit_code);
   check_dropped(report.run.dropped_records, o.allow_dropped);
   return exit_code;
 }
@@ -244,10 +250,12 @@ int summary(const SummaryOptions& o) {
             << "\n";
   const auto cases = r.store.load_cases(r.run);
   if (!cases.empty()) std::cout << "Cases:\n\n" << reports::case_table_text(cases) << "\n";
-  std::printf("totals: %llu kernels, %.3f ms kernel time, GPU busy %.3f ms of %.3f ms wall (idle %.1f%%), %llu copies (%llu bytes)\n",
-              static_cast<unsigned long long>(totals.kernels), totals.kernel_ns / 1e6, totals.busy_ns / 1e6,
-              totals.wall_ns / 1e6, 100 * totals.idle_fraction, static_cast<unsigned long long>(totals.memcpys),
-              static_cast<unsigned long long>(totals.memcpy_bytes));
+  std::printf(
+      "totals: %llu kernels, %.3f ms kernel time, GPU busy %.3f ms of %.3f ms wall (idle %.1f%%), %llu copies (%llu "
+      "bytes)\n",
+      static_cast<unsigned long long>(totals.kernels), totals.kernel_ns / 1e6, totals.busy_ns / 1e6,
+      totals.wall_ns / 1e6, 100 * totals.idle_fraction, static_cast<unsigned long long>(totals.memcpys),
+      static_cast<unsigned long long>(totals.memcpy_bytes));
   if (attribution.kernels_without_api_record > 0) {
     std::printf("%zu kernels had no recorded launch call and are attributed to no range\n",
                 attribution.kernels_without_api_record);
@@ -261,8 +269,10 @@ int compare(const CompareOptions& o) {
   if (o.b.db.empty()) {
     const size_t comma = o.variants.find(',');
     if (comma == std::string::npos) throw std::invalid_argument("--variants takes two variants: A,B");
-    const auto rows = reports::compare_variants(report_a.cases, o.variants.substr(0, comma), o.variants.substr(comma + 1));
-    if (rows.empty()) throw std::runtime_error("no case of run " + std::to_string(a.run) + " has both variants " + o.variants);
+    const auto rows =
+        reports::compare_variants(report_a.cases, o.variants.substr(0, comma), o.variants.substr(comma + 1));
+    if (rows.empty())
+      throw std::runtime_error("no case of run " + std::to_string(a.run) + " has both variants " + o.variants);
     std::cout << (o.markdown ? reports::comparison_table_markdown(rows) : reports::comparison_table_text(rows));
     return 0;
   }
@@ -270,7 +280,8 @@ int compare(const CompareOptions& o) {
   const reports::RunReport report_b = b.store.load_report(b.run);
   const auto rows = reports::compare_runs(report_a.cases, report_b.cases);
   const auto diff = reports::diff_kernels(report_a.kernels, report_b.kernels);
-  if (!rows.empty()) std::cout << (o.markdown ? reports::comparison_table_markdown(rows) : reports::comparison_table_text(rows)) << "\n";
+  if (!rows.empty())
+    std::cout << (o.markdown ? reports::comparison_table_markdown(rows) : reports::comparison_table_text(rows)) << "\n";
   std::cout << (o.markdown ? reports::kernel_diff_table_markdown(diff) : reports::kernel_diff_table_text(diff));
   return 0;
 }
@@ -280,10 +291,14 @@ int report(const ReportOptions& o) {
   const reports::RunReport rep = r.store.load_report(r.run);
   std::string content;
   if (o.format == "csv") {
-    if (o.table == "cases") content = reports::cases_csv(rep);
-    else if (o.table == "kernels") content = reports::kernels_csv(rep);
-    else if (o.table == "ranges") content = reports::ranges_csv(rep);
-    else throw std::invalid_argument("unknown table '" + o.table + "' (cases, kernels, ranges)");
+    if (o.table == "cases")
+      content = reports::cases_csv(rep);
+    else if (o.table == "kernels")
+      content = reports::kernels_csv(rep);
+    else if (o.table == "ranges")
+      content = reports::ranges_csv(rep);
+    else
+      throw std::invalid_argument("unknown table '" + o.table + "' (cases, kernels, ranges)");
   } else if (o.format == "html") {
     content = reports::report_html(rep);
   } else if (o.format == "md") {
@@ -311,7 +326,8 @@ int gate(const GateOptions& o) {
   options.min_samples = static_cast<size_t>(o.min_samples);
   OpenedRun baseline = open_run(o.baseline);
   OpenedRun candidate = open_run(o.candidate);
-  const auto result = reports::run_gate(baseline.store.load_cases(baseline.run), candidate.store.load_cases(candidate.run), options);
+  const auto result =
+      reports::run_gate(baseline.store.load_cases(baseline.run), candidate.store.load_cases(candidate.run), options);
   std::cout << reports::gate_table_text(result);
   if (!o.markdown_output.empty()) write_output(o.markdown_output, reports::gate_table_markdown(result));
   if (result.rows.empty()) throw std::runtime_error("no case is present in both runs; nothing to gate");

@@ -57,9 +57,9 @@ int compare(const CompareOptions& o);
 
 struct ReportOptions {
   RunSelection source;
-  std::string format;         // csv | html | md | json
+  std::string format;           // csv | html | md | json
   std::string table = "cases";  // for csv: cases | kernels | ranges
-  std::string output;         // "" or "-": stdout
+  std::string output;           // "" or "-": stdout
 };
 int report(const ReportOptions& o);
 

@@ -27,22 +27,35 @@ int main(int argc, char** argv) {
   CLI::App* bench_cmd = app.add_subcommand("bench", "Time and trace a suite of cases into a store (needs a GPU)");
   bench_cmd->add_option("--db", bench_options.db, "Store to write (created if missing)")->required();
   bench_cmd->add_option("--suite", bench_options.suite, "Suite to run: demo | ops")->capture_default_str();
-  bench_cmd->add_option("--op", bench_options.op, "One operator instead of a suite (layernorm); needs --shape and --dtype");
+  bench_cmd->add_option("--op", bench_options.op,
+                        "One operator instead of a suite (layernorm); needs --shape and --dtype");
   bench_cmd->add_option("--shape", bench_options.shape, "With --op: ROWSxCOLUMNS, e.g. 16384x1024");
   bench_cmd->add_option("--dtype", bench_options.dtype, "With --op: fp32 | fp16 | bf16");
   bench_cmd->add_flag("--backward", bench_options.backward, "With --op: time forward + backward");
-  bench_cmd->add_option("--peers", bench_options.peers, "With the ops suite: a peers script (scripts/peers/ops.py) run traced into the same run")->check(CLI::ExistingFile);
+  bench_cmd
+      ->add_option("--peers", bench_options.peers,
+                   "With the ops suite: a peers script (scripts/peers/ops.py) run traced into the same run")
+      ->check(CLI::ExistingFile);
   bench_cmd->add_option("--label", bench_options.label, "Label stored with the run");
-  bench_cmd->add_option("--warmup", bench_options.warmup, "Warm-up repetitions per case")->check(CLI::NonNegativeNumber)->capture_default_str();
-  bench_cmd->add_option("--reps", bench_options.repetitions, "Timed repetitions per case")->check(CLI::Range(1, 100000))->capture_default_str();
-  bench_cmd->add_option("--traced-reps", bench_options.traced_repetitions, "Traced repetitions per case")->check(CLI::NonNegativeNumber)->capture_default_str();
+  bench_cmd->add_option("--warmup", bench_options.warmup, "Warm-up repetitions per case")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  bench_cmd->add_option("--reps", bench_options.repetitions, "Timed repetitions per case")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  bench_cmd->add_option("--traced-reps", bench_options.traced_repetitions, "Traced repetitions per case")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   bench_cmd->add_flag("--allow-dropped", bench_options.allow_dropped, "Accept a trace with dropped records");
 
   TraceOptions trace_options;
-  CLI::App* trace_cmd = app.add_subcommand("trace", "Trace an unmodified CUDA program: fusekit trace --db out.db -- cmd args...");
+  CLI::App* trace_cmd =
+      app.add_subcommand("trace", "Trace an unmodified CUDA program: fusekit trace --db out.db -- cmd args...");
   trace_cmd->add_option("--db", trace_options.db, "Store to write (created if missing)")->required();
   trace_cmd->add_option("--label", trace_options.label, "Label stored with the run");
-  trace_cmd->add_option("--flush-ms", trace_options.flush_ms, "Milliseconds between flushes into the store")->check(CLI::Range(10, 600000))->capture_default_str();
+  trace_cmd->add_option("--flush-ms", trace_options.flush_ms, "Milliseconds between flushes into the store")
+      ->check(CLI::Range(10, 600000))
+      ->capture_default_str();
   trace_cmd->add_flag("--allow-dropped", trace_options.allow_dropped, "Accept a trace with dropped records");
   trace_cmd->add_option("command", trace_options.command, "The program and its arguments, after --")->required();
 
@@ -51,21 +64,29 @@ int main(int argc, char** argv) {
   add_run_selection(summary_cmd, summary_options.source, "Store to read");
   summary_cmd->add_option("--range", summary_options.range, "Only kernels inside NVTX ranges of this name");
   summary_cmd->add_flag("--short-names", summary_options.short_names, "Group kernels by short name");
-  summary_cmd->add_option("--top", summary_options.top, "Rows per table")->check(CLI::PositiveNumber)->capture_default_str();
+  summary_cmd->add_option("--top", summary_options.top, "Rows per table")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
 
   CompareOptions compare_options;
-  CLI::App* compare_cmd = app.add_subcommand("compare", "Speedup per case and per-kernel diff of two runs, or of two variants in one run");
+  CLI::App* compare_cmd =
+      app.add_subcommand("compare", "Speedup per case and per-kernel diff of two runs, or of two variants in one run");
   add_run_selection(compare_cmd, compare_options.a, "Store of run A");
   compare_cmd->add_option("--against", compare_options.b.db, "Store of run B (its latest run unless --against-run)");
   compare_cmd->add_option("--against-run", compare_options.b.run, "Run id of B")->check(CLI::PositiveNumber);
-  compare_cmd->add_option("--variants", compare_options.variants, "Two variants of run A to compare, e.g. baseline,fused");
+  compare_cmd->add_option("--variants", compare_options.variants,
+                          "Two variants of run A to compare, e.g. baseline,fused");
   compare_cmd->add_flag("--markdown", compare_options.markdown, "Print Markdown tables");
 
   ReportOptions report_options;
   CLI::App* report_cmd = app.add_subcommand("report", "Write a run's report as CSV, HTML, Markdown or JSON");
   add_run_selection(report_cmd, report_options.source, "Store to read");
-  report_cmd->add_option("--format", report_options.format, "csv | html | md | json")->required()->check(CLI::IsMember({"csv", "html", "md", "json"}));
-  report_cmd->add_option("--table", report_options.table, "For csv: cases | kernels | ranges")->check(CLI::IsMember({"cases", "kernels", "ranges"}))->capture_default_str();
+  report_cmd->add_option("--format", report_options.format, "csv | html | md | json")
+      ->required()
+      ->check(CLI::IsMember({"csv", "html", "md", "json"}));
+  report_cmd->add_option("--table", report_options.table, "For csv: cases | kernels | ranges")
+      ->check(CLI::IsMember({"cases", "kernels", "ranges"}))
+      ->capture_default_str();
   report_cmd->add_option("-o,--output", report_options.output, "Output file (default: standard output)");
 
   ExportOptions export_options;
@@ -74,14 +95,23 @@ int main(int argc, char** argv) {
   export_cmd->add_option("-o,--output", export_options.output, "Output file (default: standard output)");
 
   GateOptions gate_options;
-  CLI::App* gate_cmd = app.add_subcommand("gate", "Fail (exit 1) if a case of the candidate is significantly slower than the baseline");
+  CLI::App* gate_cmd =
+      app.add_subcommand("gate", "Fail (exit 1) if a case of the candidate is significantly slower than the baseline");
   gate_cmd->add_option("--baseline", gate_options.baseline.db, "Baseline store")->required();
-  gate_cmd->add_option("--baseline-run", gate_options.baseline.run, "Baseline run id (default: latest)")->check(CLI::PositiveNumber);
+  gate_cmd->add_option("--baseline-run", gate_options.baseline.run, "Baseline run id (default: latest)")
+      ->check(CLI::PositiveNumber);
   gate_cmd->add_option("--candidate", gate_options.candidate.db, "Candidate store")->required();
-  gate_cmd->add_option("--candidate-run", gate_options.candidate.run, "Candidate run id (default: latest)")->check(CLI::PositiveNumber);
-  gate_cmd->add_option("--threshold", gate_options.threshold, "Smallest slowdown of the median that counts, e.g. 5% or 0.05")->capture_default_str();
-  gate_cmd->add_option("--alpha", gate_options.alpha, "Significance level of the Mann-Whitney U test")->capture_default_str();
-  gate_cmd->add_option("--min-samples", gate_options.min_samples, "Fewest samples per side to test a case")->check(CLI::Range(2, 1000000))->capture_default_str();
+  gate_cmd->add_option("--candidate-run", gate_options.candidate.run, "Candidate run id (default: latest)")
+      ->check(CLI::PositiveNumber);
+  gate_cmd
+      ->add_option("--threshold", gate_options.threshold,
+                   "Smallest slowdown of the median that counts, e.g. 5% or 0.05")
+      ->capture_default_str();
+  gate_cmd->add_option("--alpha", gate_options.alpha, "Significance level of the Mann-Whitney U test")
+      ->capture_default_str();
+  gate_cmd->add_option("--min-samples", gate_options.min_samples, "Fewest samples per side to test a case")
+      ->check(CLI::Range(2, 1000000))
+      ->capture_default_str();
   gate_cmd->add_option("--markdown", gate_options.markdown_output, "Also write the table as Markdown to this file");
 
   try {
@@ -91,7 +121,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::string where = app.get_subcommands().empty() ? "fusekit" : "fusekit " + app.get_subcommands().front()->get_name();
+    std::string where =
+        app.get_subcommands().empty() ? "fusekit" : "fusekit " + app.get_subcommands().front()->get_name();
     std::fprintf(stderr, "%s: %s (see '%s --help')\n", where.c_str(), e.what(), where.c_str());
     return 2;
   }
@@ -102,7 +133,8 @@ int main(int argc, char** argv) {
     if (*summary_cmd) return summary(summary_options);
     if (*compare_cmd) {
       if (compare_options.b.db.empty() == compare_options.variants.empty()) {
-        std::fprintf(stderr, "fusekit compare: give either --against B.db or --variants A,B (see 'fusekit compare --help')\n");
+        std::fprintf(stderr,
+                     "fusekit compare: give either --against B.db or --variants A,B (see 'fusekit compare --help')\n");
         return 2;
       }
       return compare(compare_options);

@@ -7,11 +7,11 @@
 #include <stdexcept>
 #include <string>
 
-#define FUSEKIT_CUDA_CHECK(call)                                                                          \
-  do {                                                                                                    \
-    cudaError_t fusekit_status_ = (call);                                                                 \
-    if (fusekit_status_ != cudaSuccess) {                                                                 \
-      throw std::runtime_error(std::string("CUDA error: ") + #call + " failed at " + __FILE__ + ":" +     \
-                               std::to_string(__LINE__) + ": " + cudaGetErrorString(fusekit_status_));    \
-    }                                                                                                     \
+#define FUSEKIT_CUDA_CHECK(call)                                                                       \
+  do {                                                                                                 \
+    cudaError_t fusekit_status_ = (call);                                                              \
+    if (fusekit_status_ != cudaSuccess) {                                                              \
+      throw std::runtime_error(std::string("CUDA error: ") + #call + " failed at " + __FILE__ + ":" +  \
+                               std::to_string(__LINE__) + ": " + cudaGetErrorString(fusekit_status_)); \
+    }                                                                                                  \
   } while (0)

@@ -27,13 +27,15 @@ namespace {
 template <int TPR>
 struct RowGroups {
   static constexpr bool kLanesPerRow = TPR <= kWarpSize;
-  int count = kLanesPerRow ? blockDim.x / TPR : 1;  // row groups in the block
-  int index = kLanesPerRow ? threadIdx.x / TPR : 0;  // this thread's group
+  int count = kLanesPerRow ? blockDim.x / TPR : 1;              // row groups in the block
+  int index = kLanesPerRow ? threadIdx.x / TPR : 0;             // this thread's group
   int thread = kLanesPerRow ? threadIdx.x % TPR : threadIdx.x;  // this thread within its group
   // Sum over the thread's row group; every thread of the block must call it.
   __device__ float sum(float v, float* scratch) const {
-    if constexpr (kLanesPerRow) return lane_group_sum<TPR>(v);
-    else return block_sum(v, scratch);
+    if constexpr (kLanesPerRow)
+      return lane_group_sum<TPR>(v);
+    else
+      return block_sum(v, scratch);
   }
 };
 
@@ -89,7 +91,8 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
         const V g = V::load(gamma + c), b = V::load(beta + c);
         V out;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>((v[j][k] - mu) * rs * to_float(g.v[k]) + to_float(b.v[k]));
+        for (int k = 0; k < VEC; ++k)
+          out.v[k] = from_float<T>((v[j][k] - mu) * rs * to_float(g.v[k]) + to_float(b.v[k]));
         out.store(yr + c);
       }
     }
@@ -104,8 +107,8 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
 template <class T>
 __global__ void layernorm_forward_looping_kernel(const T* __restrict__ x, const T* __restrict__ gamma,
                                                  const T* __restrict__ beta, T* __restrict__ y,
-                                                 float* __restrict__ mean, float* __restrict__ rstd, int rows,
-                                                 int C, float eps) {
+                                                 float* __restrict__ mean, float* __restrict__ rstd, int rows, int C,
+                                                 float eps) {
   __shared__ float scratch[kWarpSize];
   for (int row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + static_cast<size_t>(row) * C;
@@ -343,7 +346,8 @@ bool dispatch_config(Config config, FN&& fn) {
     fn(std::integral_constant<int, TPR_>{}, std::integral_constant<int, NV_>{}); \
     return true;                                                                 \
   }
-#define FUSEKIT_LN_LANES(TPR_) FUSEKIT_LN_CASE(TPR_, 1) FUSEKIT_LN_CASE(TPR_, 2) FUSEKIT_LN_CASE(TPR_, 3) FUSEKIT_LN_CASE(TPR_, 4)
+#define FUSEKIT_LN_LANES(TPR_) \
+  FUSEKIT_LN_CASE(TPR_, 1) FUSEKIT_LN_CASE(TPR_, 2) FUSEKIT_LN_CASE(TPR_, 3) FUSEKIT_LN_CASE(TPR_, 4)
   FUSEKIT_LN_LANES(4)
   FUSEKIT_LN_LANES(8)
   FUSEKIT_LN_LANES(16)
@@ -401,8 +405,10 @@ void forward_typed(const T* x, const T* gamma, const T* beta, T* y, float* mean,
       layernorm_forward_looping_kernel<T><<<blocks, 1024, 0, stream>>>(x, gamma, beta, y, mean, rstd, rows, C, eps);
     }
   };
-  if (vec == 1) launch(std::integral_constant<int, 1>{});
-  else launch(std::integral_constant<int, 16 / sizeof(T)>{});
+  if (vec == 1)
+    launch(std::integral_constant<int, 1>{});
+  else
+    launch(std::integral_constant<int, 16 / sizeof(T)>{});
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -421,7 +427,8 @@ void backward_typed(const T* dy, const T* x, const T* gamma, const float* mean, 
         const size_t shared = TPR <= kWarpSize ? sizeof(float) * 2 * C * (threads / kWarpSize) : 0;
         auto kernel = layernorm_backward_kernel<T, VEC, NV, TPR>;
         if (shared > 48 * 1024) {
-          FUSEKIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+          FUSEKIT_CUDA_CHECK(
+              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
         }
         kernel<<<blocks, threads, shared, stream>>>(dy, x, gamma, mean, rstd, dx, partial, rows, C);
       }
@@ -430,8 +437,10 @@ void backward_typed(const T* dy, const T* x, const T* gamma, const float* mean, 
       layernorm_backward_looping_kernel<T><<<blocks, 1024, 0, stream>>>(dy, x, gamma, mean, rstd, dx, partial, rows, C);
     }
   };
-  if (vec == 1) launch(std::integral_constant<int, 1>{});
-  else launch(std::integral_constant<int, 16 / sizeof(T)>{});
+  if (vec == 1)
+    launch(std::integral_constant<int, 1>{});
+  else
+    launch(std::integral_constant<int, 16 / sizeof(T)>{});
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
   const dim3 threads(kWarpSize, kWarpSize);
   layernorm_parameter_gradient_kernel<T>
@@ -452,28 +461,43 @@ size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "fp32";
-    case DType::f16: return "fp16";
-    case DType::bf16: return "bf16";
+    case DType::f32:
+      return "fp32";
+    case DType::f16:
+      return "fp16";
+    case DType::bf16:
+      return "bf16";
   }
   return "?";
 }
 
 // Maps the run-time dtype to the storage type T.
-#define FUSEKIT_DTYPE_SWITCH(dtype, ...)                  \
-  switch (dtype) {                                        \
-    case DType::f32: { using T = float; __VA_ARGS__; break; }          \
-    case DType::f16: { using T = __half; __VA_ARGS__; break; }         \
-    case DType::bf16: { using T = __nv_bfloat16; __VA_ARGS__; break; } \
+#define FUSEKIT_DTYPE_SWITCH(dtype, ...) \
+  switch (dtype) {                       \
+    case DType::f32: {                   \
+      using T = float;                   \
+      __VA_ARGS__;                       \
+      break;                             \
+    }                                    \
+    case DType::f16: {                   \
+      using T = __half;                  \
+      __VA_ARGS__;                       \
+      break;                             \
+    }                                    \
+    case DType::bf16: {                  \
+      using T = __nv_bfloat16;           \
+      __VA_ARGS__;                       \
+      break;                             \
+    }                                    \
   }
 
 void layernorm_forward(DType dtype, const void* x, const void* gamma, const void* beta, void* y, float* mean,
                        float* rstd, int rows, int columns, float eps, cudaStream_t stream) {
   check_sizes(rows, columns);
   if (rows == 0) return;
-  FUSEKIT_DTYPE_SWITCH(dtype, forward_typed<T>(static_cast<const T*>(x), static_cast<const T*>(gamma),
-                                               static_cast<const T*>(beta), static_cast<T*>(y), mean, rstd, rows,
-                                               columns, eps, stream))
+  FUSEKIT_DTYPE_SWITCH(
+      dtype, forward_typed<T>(static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(beta),
+                              static_cast<T*>(y), mean, rstd, rows, columns, eps, stream))
 }
 
 size_t layernorm_backward_workspace_bytes(int rows, int columns) {
@@ -485,10 +509,10 @@ void layernorm_backward(DType dtype, const void* dy, const void* x, const void* 
                         const float* rstd, void* dx, void* dgamma, void* dbeta, int rows, int columns, void* workspace,
                         cudaStream_t stream) {
   check_sizes(rows, columns);
-  FUSEKIT_DTYPE_SWITCH(dtype, backward_typed<T>(static_cast<const T*>(dy), static_cast<const T*>(x),
-                                                static_cast<const T*>(gamma), mean, rstd, static_cast<T*>(dx),
-                                                static_cast<T*>(dgamma), static_cast<T*>(dbeta), rows, columns,
-                                                static_cast<float*>(workspace), stream))
+  FUSEKIT_DTYPE_SWITCH(
+      dtype, backward_typed<T>(static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(gamma), mean,
+                               rstd, static_cast<T*>(dx), static_cast<T*>(dgamma), static_cast<T*>(dbeta), rows,
+                               columns, static_cast<float*>(workspace), stream))
 }
 
 }  // namespace fusekit::kernels

@@ -30,7 +30,7 @@ void layernorm_forward(DType dtype, const void* x, const void* gamma, const void
 size_t layernorm_backward_workspace_bytes(int rows, int columns);
 
 void layernorm_backward(DType dtype, const void* dy, const void* x, const void* gamma, const float* mean,
-                        const float* rstd, void* dx, void* dgamma, void* dbeta, int rows, int columns,
-                        void* workspace, cudaStream_t stream);
+                        const float* rstd, void* dx, void* dgamma, void* dbeta, int rows, int columns, void* workspace,
+                        cudaStream_t stream);
 
 }  // namespace fusekit::kernels

@@ -38,14 +38,21 @@ void sweep_thread(const std::vector<RangeRecord>& ranges, const std::vector<int>
     if (ranges[r].end != 0) events.push_back({ranges[r].end, kEnd, r});
   }
   for (size_t q = 0; q < queries.size(); ++q) events.push_back({queries[q].time, kQuery, static_cast<int>(q)});
-  std::sort(events.begin(), events.end(),
-            [](const Event& a, const Event& b) { return std::tie(a.time, a.type, a.index) < std::tie(b.time, b.type, b.index); });
+  std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+    return std::tie(a.time, a.type, a.index) < std::tie(b.time, b.type, b.index);
+  });
   std::set<std::pair<uint64_t, int>> active;  // (start, range index)
   for (const Event& e : events) {
     switch (e.type) {
-      case kEnd: active.erase({ranges[e.index].start, e.index}); break;
-      case kStart: active.insert({ranges[e.index].start, e.index}); break;
-      default: *queries[e.index].result = active.empty() ? kNoRange : active.rbegin()->second; break;
+      case kEnd:
+        active.erase({ranges[e.index].start, e.index});
+        break;
+      case kStart:
+        active.insert({ranges[e.index].start, e.index});
+        break;
+      default:
+        *queries[e.index].result = active.empty() ? kNoRange : active.rbegin()->second;
+        break;
     }
   }
 }

@@ -20,7 +20,7 @@ struct Attribution {
   std::vector<int> kernel_range;  // per trace.kernels[i]: index into trace.ranges, or kNoRange
   std::vector<int> memcpy_range;
   std::vector<int> memset_range;
-  std::vector<int> range_parent;  // per trace.ranges[i]: the range it is nested in, or kNoRange
+  std::vector<int> range_parent;          // per trace.ranges[i]: the range it is nested in, or kNoRange
   size_t kernels_without_api_record = 0;  // no launch call with that correlation id was recorded
 };
 

@@ -17,16 +17,16 @@ namespace fusekit::profiler {
 namespace {
 
 // The one checking macro for CUPTI: file, line, the call and CUPTI's own message.
-#define FUSEKIT_CUPTI_CHECK(call)                                                                       \
-  do {                                                                                                  \
-    CUptiResult fusekit_status_ = (call);                                                               \
-    if (fusekit_status_ != CUPTI_SUCCESS) {                                                             \
-      const char* fusekit_message_ = nullptr;                                                           \
-      cuptiGetResultString(fusekit_status_, &fusekit_message_);                                         \
-      throw std::runtime_error(std::string("CUPTI error: ") + #call + " failed at " + __FILE__ + ":" +  \
-                               std::to_string(__LINE__) + ": " +                                        \
-                               (fusekit_message_ ? fusekit_message_ : "unknown error"));                \
-    }                                                                                                   \
+#define FUSEKIT_CUPTI_CHECK(call)                                                                      \
+  do {                                                                                                 \
+    CUptiResult fusekit_status_ = (call);                                                              \
+    if (fusekit_status_ != CUPTI_SUCCESS) {                                                            \
+      const char* fusekit_message_ = nullptr;                                                          \
+      cuptiGetResultString(fusekit_status_, &fusekit_message_);                                        \
+      throw std::runtime_error(std::string("CUPTI error: ") + #call + " failed at " + __FILE__ + ":" + \
+                               std::to_string(__LINE__) + ": " +                                       \
+                               (fusekit_message_ ? fusekit_message_ : "unknown error"));               \
+    }                                                                                                  \
   } while (0)
 
 constexpr size_t kBufferBytes = 8u << 20;
@@ -46,9 +46,9 @@ struct OpenRange {
 struct Pending {
   std::mutex mutex;
   Trace trace;
-  std::unordered_map<uint32_t, OpenRange> open_ranges;                // marker id -> range
+  std::unordered_map<uint32_t, OpenRange> open_ranges;                    // marker id -> range
   std::map<std::pair<uint32_t, uint32_t>, std::vector<uint32_t>> stacks;  // (pid, tid) -> open marker ids
-  std::unordered_map<uint64_t, std::string> api_names;               // (domain << 32 | cbid) -> name
+  std::unordered_map<uint64_t, std::string> api_names;                    // (domain << 32 | cbid) -> name
 };
 
 Pending& pending() {

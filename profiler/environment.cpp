@@ -4,11 +4,11 @@
 #include <unistd.h>
 
 #include <array>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
-#include <regex>
 #include <memory>
+#include <regex>
 
 #ifndef FUSEKIT_SOURCE_DIR
 #define FUSEKIT_SOURCE_DIR "."
@@ -23,7 +23,9 @@
 namespace fusekit::profiler {
 namespace {
 
-std::string version_string(int v) { return v <= 0 ? "" : std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); }
+std::string version_string(int v) {
+  return v <= 0 ? "" : std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
 
 bool is_commit(const std::string& s) {
   return s.size() == 40 && s.find_first_not_of("0123456789abcdef") == std::string::npos;

@@ -13,8 +13,8 @@ namespace fusekit::profiler {
 struct Environment {
   std::string host;
   std::string git_commit;
-  std::string driver_version;   // e.g. "13.0" (the CUDA version the driver supports), "" without a driver
-  std::string runtime_version;  // the CUDA runtime fusekit was built with
+  std::string driver_version;    // e.g. "13.0" (the CUDA version the driver supports), "" without a driver
+  std::string runtime_version;   // the CUDA runtime fusekit was built with
   std::string libtorch_version;  // the libtorch fusekit's baselines were built with, "" without
   std::vector<GpuInfo> gpus;
   std::string gpu_error;  // why no GPU was found, if none was

@@ -46,18 +46,26 @@ std::string short_kernel_name(const std::string& demangled) {
   size_t paren = std::string::npos;
   for (size_t i = 0; i < s.size(); ++i) {
     char c = s[i];
-    if (c == '<') ++depth;
-    else if (c == '>') depth = depth > 0 ? depth - 1 : 0;
-    else if (c == '(' && depth == 0) { paren = i; break; }
+    if (c == '<')
+      ++depth;
+    else if (c == '>')
+      depth = depth > 0 ? depth - 1 : 0;
+    else if (c == '(' && depth == 0) {
+      paren = i;
+      break;
+    }
   }
   if (paren != std::string::npos && paren > 0) s.resize(paren);
   // Drop template arguments: everything between a '<' at depth 0 and its '>'.
   std::string no_templates;
   depth = 0;
   for (char c : s) {
-    if (c == '<') ++depth;
-    else if (c == '>') depth = depth > 0 ? depth - 1 : 0;
-    else if (depth == 0) no_templates += c;
+    if (c == '<')
+      ++depth;
+    else if (c == '>')
+      depth = depth > 0 ? depth - 1 : 0;
+    else if (depth == 0)
+      no_templates += c;
   }
   // Drop the return type and namespaces: what follows the last space, then the last "::".
   size_t space = no_templates.find_last_of(' ');

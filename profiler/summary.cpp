@@ -70,7 +70,8 @@ std::vector<KernelStats> summarize_kernels(const Trace& trace, const Attribution
     grand_total += sum;
     out.push_back(std::move(s));
   }
-  for (KernelStats& s : out) s.time_percent = grand_total > 0 ? 100.0 * static_cast<double>(s.total_ns) / grand_total : 0;
+  for (KernelStats& s : out)
+    s.time_percent = grand_total > 0 ? 100.0 * static_cast<double>(s.total_ns) / grand_total : 0;
   std::sort(out.begin(), out.end(), [](const KernelStats& a, const KernelStats& b) {
     return a.total_ns != b.total_ns ? a.total_ns > b.total_ns : a.name < b.name;
   });
@@ -147,7 +148,8 @@ RunTotals summarize_run(const Trace& trace) {
   t.ranges = trace.ranges.size();
   t.wall_ns = last > first ? last - first : 0;
   t.busy_ns = union_length(std::move(busy));
-  t.idle_fraction = t.wall_ns > 0 ? std::max(0.0, 1.0 - static_cast<double>(t.busy_ns) / static_cast<double>(t.wall_ns)) : 0.0;
+  t.idle_fraction =
+      t.wall_ns > 0 ? std::max(0.0, 1.0 - static_cast<double>(t.busy_ns) / static_cast<double>(t.wall_ns)) : 0.0;
   return t;
 }
 

@@ -34,9 +34,9 @@ struct KernelStats {
 struct RangeStats {
   std::string name;
   uint64_t instances = 0;
-  uint64_t wall_ns = 0;  // summed over instances
-  uint64_t busy_ns = 0;  // summed over instances
-  uint64_t kernels = 0;  // kernels attributed to the instances or their nested ranges
+  uint64_t wall_ns = 0;    // summed over instances
+  uint64_t busy_ns = 0;    // summed over instances
+  uint64_t kernels = 0;    // kernels attributed to the instances or their nested ranges
   uint64_t kernel_ns = 0;  // their summed durations (larger than busy_ns where they overlap)
   double idle_fraction = 0;
   uint64_t extent_ns = 0;  // summed: each instance's start to the later of its end and its last kernel's end

@@ -197,10 +197,14 @@ GateResult run_gate(const std::vector<CaseResult>& baseline, const std::vector<C
 
 std::string verdict_name(Verdict verdict) {
   switch (verdict) {
-    case Verdict::regressed: return "regressed";
-    case Verdict::improved: return "improved";
-    case Verdict::unchanged: return "unchanged";
-    case Verdict::too_few_samples: return "too few samples";
+    case Verdict::regressed:
+      return "regressed";
+    case Verdict::improved:
+      return "improved";
+    case Verdict::unchanged:
+      return "unchanged";
+    case Verdict::too_few_samples:
+      return "too few samples";
   }
   throw std::invalid_argument("verdict_name: unknown verdict " + std::to_string(static_cast<int>(verdict)));
 }

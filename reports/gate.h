@@ -37,13 +37,13 @@ struct GateRow {
   std::string variant;
   size_t baseline_n = 0, candidate_n = 0;
   double baseline_median_ns = 0, candidate_median_ns = 0;
-  double change = 0;  // candidate / baseline - 1
+  double change = 0;   // candidate / baseline - 1
   double p_value = 1;  // NaN for too_few_samples
   Verdict verdict = Verdict::unchanged;
 };
 
 struct GateResult {
-  std::vector<GateRow> rows;  // in the order of the baseline
+  std::vector<GateRow> rows;                  // in the order of the baseline
   std::vector<std::string> only_in_baseline;  // "name [variant]"
   std::vector<std::string> only_in_candidate;
   bool any_regression() const;

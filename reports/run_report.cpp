@@ -31,7 +31,8 @@ void derive_case_statistics(std::vector<CaseResult>& cases, double copy_ceiling_
     if (!(c.median_ns > 0)) continue;
     if (c.info.bytes > 0) {
       c.bandwidth_bytes_per_s = c.info.bytes / (c.median_ns * 1e-9);
-      if (copy_ceiling_bytes_per_second > 0) c.bandwidth_percent = 100.0 * *c.bandwidth_bytes_per_s / copy_ceiling_bytes_per_second;
+      if (copy_ceiling_bytes_per_second > 0)
+        c.bandwidth_percent = 100.0 * *c.bandwidth_bytes_per_s / copy_ceiling_bytes_per_second;
     }
     if (c.info.flops > 0) c.flops_per_s = c.info.flops / (c.median_ns * 1e-9);
   }

@@ -13,13 +13,13 @@ namespace fusekit::reports {
 namespace {
 
 // The one checking macro for SQLite: file, line, the call, SQLite's message, the store's path.
-#define FUSEKIT_SQLITE_CHECK(db, path, call)                                                              \
-  do {                                                                                                    \
-    int fusekit_rc_ = (call);                                                                             \
-    if (fusekit_rc_ != SQLITE_OK && fusekit_rc_ != SQLITE_DONE && fusekit_rc_ != SQLITE_ROW) {           \
+#define FUSEKIT_SQLITE_CHECK(db, path, call)                                                                  \
+  do {                                                                                                        \
+    int fusekit_rc_ = (call);                                                                                 \
+    if (fusekit_rc_ != SQLITE_OK && fusekit_rc_ != SQLITE_DONE && fusekit_rc_ != SQLITE_ROW) {                \
       throw StoreError(std::string(path) + ": " + ((db) ? sqlite3_errmsg(db) : sqlite3_errstr(fusekit_rc_)) + \
-                       " (" #call " at " __FILE__ ":" + std::to_string(__LINE__) + ")");                  \
-    }                                                                                                     \
+                       " (" #call " at " __FILE__ ":" + std::to_string(__LINE__) + ")");                      \
+    }                                                                                                         \
   } while (0)
 
 constexpr const char* kSchema = R"sql(
@@ -160,7 +160,7 @@ class Transaction {
 };
 
 bool file_exists(const std::string& path, off_t* size) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return false;
   *size = st.st_size;
   return true;
@@ -212,7 +212,8 @@ Store Store::open(const std::string& path, Mode mode) {
     exec(raw, path, kSchema);
     exec(raw, path,
          ("INSERT INTO meta(key, value) VALUES ('application', 'fusekit'), ('schema_version', '" +
-          std::to_string(kSchemaVersion) + "')").c_str());
+          std::to_string(kSchemaVersion) + "')")
+             .c_str());
     tx.commit();
     return store;
   }
@@ -229,11 +230,13 @@ Store Store::open(const std::string& path, Mode mode) {
   {
     Statement has_meta(raw, path, "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='meta'");
     has_meta.step();
-    if (has_meta.integer(0) == 0) throw StoreError(path + ": not a fusekit store (an SQLite file without fusekit's meta table)");
+    if (has_meta.integer(0) == 0)
+      throw StoreError(path + ": not a fusekit store (an SQLite file without fusekit's meta table)");
     Statement meta(raw, path, "SELECT key, value FROM meta WHERE key IN ('application', 'schema_version')");
     std::string application, version;
     while (meta.step()) (meta.text(0) == "application" ? application : version) = meta.text(1);
-    if (application != "fusekit") throw StoreError(path + ": not a fusekit store (meta.application is '" + application + "')");
+    if (application != "fusekit")
+      throw StoreError(path + ": not a fusekit store (meta.application is '" + application + "')");
     if (version != std::to_string(kSchemaVersion)) {
       throw StoreError(path + ": store schema version " + version + ", this fusekit reads version " +
                        std::to_string(kSchemaVersion));
@@ -331,7 +334,9 @@ void Store::append_trace(int64_t run, const profiler::Trace& trace) {
       k.bind(9, id_of(r.name)).bind(10, id_of(profiler::short_kernel_name(r.name)));
       k.bind(11, i64(r.grid_x)).bind(12, i64(r.grid_y)).bind(13, i64(r.grid_z));
       k.bind(14, i64(r.block_x)).bind(15, i64(r.block_y)).bind(16, i64(r.block_z));
-      k.bind(17, i64(r.registers_per_thread)).bind(18, i64(r.static_shared_memory)).bind(19, i64(r.dynamic_shared_memory));
+      k.bind(17, i64(r.registers_per_thread))
+          .bind(18, i64(r.static_shared_memory))
+          .bind(19, i64(r.dynamic_shared_memory));
       k.run();
     }
     Statement m(db_, path_,
@@ -348,7 +353,11 @@ void Store::append_trace(int64_t run, const profiler::Trace& trace) {
                 "correlationId, globalPid, bytes, value) VALUES (?,?,?,?,?,?,?,?,?,?)");
     for (const auto& r : trace.memsets) {
       s.bind(1, run).bind(2, i64(r.start)).bind(3, i64(r.end)).bind(4, i64(r.device_id)).bind(5, i64(r.context_id));
-      s.bind(6, i64(r.stream_id)).bind(7, i64(r.correlation_id)).bind(8, pid).bind(9, i64(r.bytes)).bind(10, i64(r.value));
+      s.bind(6, i64(r.stream_id))
+          .bind(7, i64(r.correlation_id))
+          .bind(8, pid)
+          .bind(9, i64(r.bytes))
+          .bind(10, i64(r.value));
       s.run();
     }
     Statement a(db_, path_,
@@ -365,7 +374,10 @@ void Store::append_trace(int64_t run, const profiler::Trace& trace) {
                 "VALUES (?,?,?,?,?,?,?,?)");
     for (const auto& r : trace.ranges) {
       n.bind(1, run).bind(2, i64(r.start));
-      if (r.end == 0) n.bind_null(3); else n.bind(3, i64(r.end));
+      if (r.end == 0)
+        n.bind_null(3);
+      else
+        n.bind(3, i64(r.end));
       n.bind(4, i64(r.event_type)).bind(5, r.text).bind(6, global_tid(r.process_id, r.thread_id));
       n.bind(7, global_tid(r.process_id, r.end_thread_id)).bind(8, r.domain);
       n.run();
@@ -467,11 +479,12 @@ profiler::Trace Store::load_trace(int64_t run_id) const {
   profiler::Trace t;
   auto u32 = [](int64_t v) { return static_cast<uint32_t>(v); };
   {
-    Statement s(db_, path_,
-                "SELECT k.start, k.end, k.deviceId, k.contextId, k.streamId, k.correlationId, n.value, k.gridX, k.gridY, "
-                "k.gridZ, k.blockX, k.blockY, k.blockZ, k.registersPerThread, k.staticSharedMemory, "
-                "k.dynamicSharedMemory FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds n ON n.id = k.demangledName "
-                "WHERE k.runId = ? ORDER BY k.start");
+    Statement s(
+        db_, path_,
+        "SELECT k.start, k.end, k.deviceId, k.contextId, k.streamId, k.correlationId, n.value, k.gridX, k.gridY, "
+        "k.gridZ, k.blockX, k.blockY, k.blockZ, k.registersPerThread, k.staticSharedMemory, "
+        "k.dynamicSharedMemory FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds n ON n.id = k.demangledName "
+        "WHERE k.runId = ? ORDER BY k.start");
     s.bind(1, run_id);
     while (s.step()) {
       profiler::KernelRecord k;

@@ -37,8 +37,8 @@ std::string aligned_table(const std::vector<std::vector<std::string>>& rows, siz
 }
 
 std::string kernel_table_text(const std::vector<profiler::KernelStats>& kernels, size_t top) {
-  std::vector<std::vector<std::string>> rows = {
-      {"Time (%)", "Total Time (ns)", "Instances", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)", "StdDev (ns)", "Name"}};
+  std::vector<std::vector<std::string>> rows = {{"Time (%)", "Total Time (ns)", "Instances", "Avg (ns)", "Med (ns)",
+                                                 "Min (ns)", "Max (ns)", "StdDev (ns)", "Name"}};
   for (size_t i = 0; i < kernels.size() && i < top; ++i) {
     const auto& k = kernels[i];
     rows.push_back({format_fixed(k.time_percent, 1), std::to_string(k.total_ns), std::to_string(k.instances),
@@ -51,11 +51,13 @@ std::string kernel_table_text(const std::vector<profiler::KernelStats>& kernels,
 }
 
 std::string range_table_text(const std::vector<profiler::RangeStats>& ranges, size_t top) {
-  std::vector<std::vector<std::string>> rows = {{"Wall (us)", "GPU busy (us)", "Idle (%)", "Instances", "Kernels", "Name"}};
+  std::vector<std::vector<std::string>> rows = {
+      {"Wall (us)", "GPU busy (us)", "Idle (%)", "Instances", "Kernels", "Name"}};
   for (size_t i = 0; i < ranges.size() && i < top; ++i) {
     const auto& r = ranges[i];
-    rows.push_back({format_fixed(r.wall_ns / 1e3, 1), format_fixed(r.busy_ns / 1e3, 1), format_fixed(100 * r.idle_fraction, 1),
-                    std::to_string(r.instances), std::to_string(r.kernels), r.name});
+    rows.push_back({format_fixed(r.wall_ns / 1e3, 1), format_fixed(r.busy_ns / 1e3, 1),
+                    format_fixed(100 * r.idle_fraction, 1), std::to_string(r.instances), std::to_string(r.kernels),
+                    r.name});
   }
   std::string out = aligned_table(rows, 5);
   if (ranges.size() > top) out += "(" + std::to_string(ranges.size() - top) + " more ranges)\n";

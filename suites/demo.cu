@@ -10,14 +10,16 @@ namespace {
 // ---- CUDA kernels
 
 __global__ void scale_kernel(const float* __restrict__ x, float* __restrict__ y, float a, size_t n) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) y[i] = a * x[i];
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+    y[i] = a * x[i];
 }
 
 __global__ void add_kernel(float* __restrict__ y, float b, size_t n) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) y[i] += b;
 }
 
-__global__ void scale_add_fused_kernel(const float4* __restrict__ x, float4* __restrict__ y, float a, float b, size_t n4) {
+__global__ void scale_add_fused_kernel(const float4* __restrict__ x, float4* __restrict__ y, float a, float b,
+                                       size_t n4) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n4; i += size_t{gridDim.x} * blockDim.x) {
     float4 v = x[i];
     y[i] = make_float4(a * v.x + b, a * v.y + b, a * v.z + b, a * v.w + b);
@@ -65,7 +67,8 @@ DemoSuite::~DemoSuite() {
 void DemoSuite::upload(cudaStream_t stream) {
   profiler::ScopedRange range("setup");
   for (int s = 0; s < sets_; ++s) {
-    FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(x_[s], host_x_[s].data(), elements_ * sizeof(float), cudaMemcpyHostToDevice, stream));
+    FUSEKIT_CUDA_CHECK(
+        cudaMemcpyAsync(x_[s], host_x_[s].data(), elements_ * sizeof(float), cudaMemcpyHostToDevice, stream));
     FUSEKIT_CUDA_CHECK(cudaMemsetAsync(y_[s], 0xFF, elements_ * sizeof(float), stream));  // NaN: poisoned
   }
   FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -16,7 +16,8 @@ LayerNormForward layernorm_forward(const std::vector<double>& x, const std::vect
     for (int c = 0; c < columns; ++c) var += (xr[c] - mean) * (xr[c] - mean);
     var /= columns;
     const double rstd = 1.0 / std::sqrt(var + eps);
-    for (int c = 0; c < columns; ++c) out.y[static_cast<size_t>(r) * columns + c] = (xr[c] - mean) * rstd * gamma[c] + beta[c];
+    for (int c = 0; c < columns; ++c)
+      out.y[static_cast<size_t>(r) * columns + c] = (xr[c] - mean) * rstd * gamma[c] + beta[c];
     out.mean[r] = mean;
     out.rstd[r] = rstd;
   }

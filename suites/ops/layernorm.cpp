@@ -85,7 +85,9 @@ std::vector<Case> layernorm_cases(Shape2 shape, kernels::DType dtype, bool backw
   info.name = info.op + "/" + info.shape + "/" + info.dtype + (backward ? "/fwd+bwd" : "/fwd");
   info.bytes = bytes_moved(shape, dtype, backward);
   auto operands = std::make_shared<std::optional<LayerNormOperands>>();
-  auto setup = [operands, shape, dtype, backward](cudaStream_t stream) { operands->emplace(shape, dtype, backward, stream); };
+  auto setup = [operands, shape, dtype, backward](cudaStream_t stream) {
+    operands->emplace(shape, dtype, backward, stream);
+  };
   auto release = [operands] { operands->reset(); };
 
   std::vector<Case> cases;
@@ -95,8 +97,8 @@ std::vector<Case> layernorm_cases(Shape2 shape, kernels::DType dtype, bool backw
                      LayerNormOperands& o = **operands;
                      const int s = rep % o.sets;
                      kernels::layernorm_forward(dtype, o.x[s].get(), o.gamma.get(), o.beta.get(), o.y[s].get(),
-                                                o.mean[s].as<float>(), o.rstd[s].as<float>(), shape.rows,
-                                                shape.columns, kEps, stream);
+                                                o.mean[s].as<float>(), o.rstd[s].as<float>(), shape.rows, shape.columns,
+                                                kEps, stream);
                      if (backward) {
                        kernels::layernorm_backward(dtype, o.dy[s].get(), o.x[s].get(), o.gamma.get(),
                                                    o.mean[s].as<float>(), o.rstd[s].as<float>(), o.dx[s].get(),

@@ -8,14 +8,14 @@ namespace {
 // Token counts x hidden sizes: BERT-base and -large at batch 64 x seq 128 and 32 x 512; Swin
 // stages at batch 128 (224 x 224 input: 56^2, 28^2, 14^2, 7^2 tokens per image).
 const char* const kLayerNormShapes[] = {
-    "8192x768",     // BERT-base, 64 x 128
-    "8192x1024",    // BERT-large, 64 x 128
-    "16384x1024",   // BERT-large, 32 x 512
-    "401408x96",    // Swin-T stage 1
-    "401408x128",   // Swin-B stage 1
-    "401408x192",   // Swin-L stage 1
-    "100352x384",   // Swin-L stage 2
-    "6272x768",     // Swin-T stage 4
+    "8192x768",    // BERT-base, 64 x 128
+    "8192x1024",   // BERT-large, 64 x 128
+    "16384x1024",  // BERT-large, 32 x 512
+    "401408x96",   // Swin-T stage 1
+    "401408x128",  // Swin-B stage 1
+    "401408x192",  // Swin-L stage 1
+    "100352x384",  // Swin-L stage 2
+    "6272x768",    // Swin-T stage 4
 };
 
 }  // namespace

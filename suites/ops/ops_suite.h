@@ -12,9 +12,9 @@
 namespace fusekit::suites {
 
 struct OpsRequest {
-  std::string op;     // "" for the whole suite
-  std::string shape;  // with op: "ROWSxCOLUMNS"
-  std::string dtype;  // with op: fp32 | fp16 | bf16
+  std::string op;         // "" for the whole suite
+  std::string shape;      // with op: "ROWSxCOLUMNS"
+  std::string dtype;      // with op: fp32 | fp16 | bf16
   bool backward = false;  // with op: forward + backward instead of forward
 };
 

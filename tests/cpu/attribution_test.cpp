@@ -59,12 +59,12 @@ TEST(Attribution, InnermostRangeOnTheLaunchingThread) {
   t.ranges.push_back(range("inner", 200, 400, 1));
   t.ranges.push_back(range("empty", 500, 600, 1));
   t.ranges.push_back(range("other-thread", 0, 5000, 2));
-  launch(t, "a", 150, 1, 160, 170);    // outer only
-  launch(t, "b", 250, 1, 300, 310);    // inner
-  launch(t, "c", 399, 1, 450, 460);    // inner: launched before inner closed, ran after
-  launch(t, "d", 400, 1, 470, 480);    // outer: inner is half-open, closed at 400
-  launch(t, "e", 1500, 1, 1600, 1700); // outside every range of thread 1
-  launch(t, "f", 250, 2, 260, 270);    // thread 2's range, though thread 1's inner is open then
+  launch(t, "a", 150, 1, 160, 170);     // outer only
+  launch(t, "b", 250, 1, 300, 310);     // inner
+  launch(t, "c", 399, 1, 450, 460);     // inner: launched before inner closed, ran after
+  launch(t, "d", 400, 1, 470, 480);     // outer: inner is half-open, closed at 400
+  launch(t, "e", 1500, 1, 1600, 1700);  // outside every range of thread 1
+  launch(t, "f", 250, 2, 260, 270);     // thread 2's range, though thread 1's inner is open then
   const Attribution a = attribute(t);
   EXPECT_EQ(range_of_kernel(t, a, 0), "outer");
   EXPECT_EQ(range_of_kernel(t, a, 1), "inner");
@@ -128,11 +128,11 @@ TEST(Summary, UnionOfOverlappingIntervals) {
 TEST(Summary, KernelTableMatchesNsysColumns) {
   Trace t;
   t.ranges.push_back(range("step", 0, 10000, 1));
-  launch(t, "void gemm<float>(float*)", 10, 1, 100, 200);   // 100
-  launch(t, "void gemm<float>(float*)", 20, 1, 200, 500);   // 300
-  launch(t, "void gemm<float>(float*)", 30, 1, 500, 700);   // 200
-  launch(t, "relu", 40, 1, 700, 1100);                      // 400
-  launch(t, "outside", 20000, 1, 20000, 20100);             // 100, no range
+  launch(t, "void gemm<float>(float*)", 10, 1, 100, 200);  // 100
+  launch(t, "void gemm<float>(float*)", 20, 1, 200, 500);  // 300
+  launch(t, "void gemm<float>(float*)", 30, 1, 500, 700);  // 200
+  launch(t, "relu", 40, 1, 700, 1100);                     // 400
+  launch(t, "outside", 20000, 1, 20000, 20100);            // 100, no range
   const Attribution a = attribute(t);
   const auto all = summarize_kernels(t, a);
   ASSERT_EQ(all.size(), 3u);
@@ -162,7 +162,7 @@ TEST(Summary, RangesCountBusyTimeOnceAcrossStreams) {
   t.ranges.push_back(range("forward", 10, 500, 1));
   t.ranges.push_back(range("idle-range", 600, 700, 1));
   launch(t, "k1", 20, 1, 100, 300, /*stream=*/7);
-  launch(t, "k2", 30, 1, 200, 400, /*stream=*/8);  // overlaps k1 on another stream
+  launch(t, "k2", 30, 1, 200, 400, /*stream=*/8);   // overlaps k1 on another stream
   launch(t, "k3", 550, 1, 800, 900, /*stream=*/7);  // in step, not in forward
   const Attribution a = attribute(t);
   const auto ranges = summarize_ranges(t, a);

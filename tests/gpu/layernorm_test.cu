@@ -135,7 +135,8 @@ TEST_P(LayerNormTest, ForwardAndBackwardMatchFloat64Reference) {
   CHECK_CUDA(cudaMalloc(&workspace, layernorm_backward_workspace_bytes(rows, C)));
   CHECK_CUDA(cudaMemset(workspace, 0xFF, layernorm_backward_workspace_bytes(rows, C)));
 
-  layernorm_forward(dtype, dx_in.get(), g.get(), b.get(), y.get(), mean, rstd, rows, C, static_cast<float>(eps), nullptr);
+  layernorm_forward(dtype, dx_in.get(), g.get(), b.get(), y.get(), mean, rstd, rows, C, static_cast<float>(eps),
+                    nullptr);
   layernorm_backward(dtype, grad_y.get(), dx_in.get(), g.get(), mean, rstd, dx.get(), dgamma.get(), dbeta.get(), rows,
                      C, workspace, nullptr);
   CHECK_CUDA(cudaDeviceSynchronize());
@@ -161,13 +162,13 @@ std::string shape_name(const ::testing::TestParamInfo<std::tuple<DType, Shape>>&
   return std::string(dtype_name(dtype)) + "_" + std::to_string(shape.rows) + "x" + std::to_string(shape.columns);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, LayerNormTest,
-    ::testing::Combine(::testing::Values(DType::f32, DType::f16, DType::bf16),
-                       ::testing::Values(Shape{257, 1}, Shape{300, 31}, Shape{1000, 768}, Shape{77, 1000},
-                                         Shape{64, 1536}, Shape{1, 4096}, Shape{33, 4096}, Shape{9, 12288},
-                                         Shape{3, 70000}, Shape{1'000'000, 32}, Shape{2, 33})),
-    shape_name);
+INSTANTIATE_TEST_SUITE_P(Shapes, LayerNormTest,
+                         ::testing::Combine(::testing::Values(DType::f32, DType::f16, DType::bf16),
+                                            ::testing::Values(Shape{257, 1}, Shape{300, 31}, Shape{1000, 768},
+                                                              Shape{77, 1000}, Shape{64, 1536}, Shape{1, 4096},
+                                                              Shape{33, 4096}, Shape{9, 12288}, Shape{3, 70000},
+                                                              Shape{1'000'000, 32}, Shape{2, 33})),
+                         shape_name);
 
 }  // namespace
 }  // namespace fusekit::kernels

@@ -45,21 +45,21 @@ TEST_P(LayerNormTorchTest, MatchesAutogradOfTheBaseline) {
   const at::Tensor beta = at::randn({p.columns}, options) * 0.1;
   const at::Tensor dy = at::randn({p.rows, p.columns}, options);
 
-  const auto ref = baselines::layernorm_forward_backward(x.to(at::kDouble), gamma.to(at::kDouble),
-                                                         beta.to(at::kDouble), dy.to(at::kDouble), eps);
+  const auto ref = baselines::layernorm_forward_backward(x.to(at::kDouble), gamma.to(at::kDouble), beta.to(at::kDouble),
+                                                         dy.to(at::kDouble), eps);
   const auto eager = baselines::layernorm_forward_backward(x, gamma, beta, dy, eps);
 
   at::Tensor y = at::full_like(x, NAN), dx = at::full_like(x, NAN);
   at::Tensor dgamma = at::full_like(gamma, NAN), dbeta = at::full_like(beta, NAN);
   const auto float_options = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA);
   at::Tensor mean = at::full({p.rows}, NAN, float_options), rstd = at::full({p.rows}, NAN, float_options);
-  at::Tensor workspace = at::empty(
-      {static_cast<int64_t>(kernels::layernorm_backward_workspace_bytes(p.rows, p.columns))},
-      at::TensorOptions().dtype(at::kByte).device(at::kCUDA));
+  at::Tensor workspace =
+      at::empty({static_cast<int64_t>(kernels::layernorm_backward_workspace_bytes(p.rows, p.columns))},
+                at::TensorOptions().dtype(at::kByte).device(at::kCUDA));
   cudaStream_t stream = nullptr;  // the legacy default stream, which torch's ops above used too
   kernels::layernorm_forward(p.dtype, x.data_ptr(), gamma.data_ptr(), beta.data_ptr(), y.data_ptr(),
-                             mean.data_ptr<float>(), rstd.data_ptr<float>(), p.rows, p.columns,
-                             static_cast<float>(eps), stream);
+                             mean.data_ptr<float>(), rstd.data_ptr<float>(), p.rows, p.columns, static_cast<float>(eps),
+                             stream);
   kernels::layernorm_backward(p.dtype, dy.data_ptr(), x.data_ptr(), gamma.data_ptr(), mean.data_ptr<float>(),
                               rstd.data_ptr<float>(), dx.data_ptr(), dgamma.data_ptr(), dbeta.data_ptr(), p.rows,
                               p.columns, workspace.data_ptr(), stream);
@@ -72,9 +72,9 @@ TEST_P(LayerNormTorchTest, MatchesAutogradOfTheBaseline) {
     const at::Tensor& eager;
     const at::Tensor& ref;
   };
-  for (const Check& c : {Check{"y", y, eager.y, ref.y}, Check{"dx", dx, eager.dx, ref.dx},
-                         Check{"dgamma", dgamma, eager.dgamma, ref.dgamma},
-                         Check{"dbeta", dbeta, eager.dbeta, ref.dbeta}}) {
+  for (const Check& c :
+       {Check{"y", y, eager.y, ref.y}, Check{"dx", dx, eager.dx, ref.dx},
+        Check{"dgamma", dgamma, eager.dgamma, ref.dgamma}, Check{"dbeta", dbeta, eager.dbeta, ref.dbeta}}) {
     const double fused_error = relative_error(c.fused, c.ref);
     const double eager_error = relative_error(c.eager, c.ref);
     EXPECT_LE(fused_error, std::max(2 * eager_error, floor))
@@ -90,10 +90,8 @@ std::string param_name(const ::testing::TestParamInfo<Param>& info) {
 INSTANTIATE_TEST_SUITE_P(Shapes, LayerNormTorchTest,
                          ::testing::Values(Param{kernels::DType::f32, 300, 31}, Param{kernels::DType::f32, 8192, 768},
                                            Param{kernels::DType::f16, 8192, 768},
-                                           Param{kernels::DType::bf16, 8192, 768},
-                                           Param{kernels::DType::f16, 77, 1000},
-                                           Param{kernels::DType::bf16, 33, 4096},
-                                           Param{kernels::DType::f16, 5, 12288},
+                                           Param{kernels::DType::bf16, 8192, 768}, Param{kernels::DType::f16, 77, 1000},
+                                           Param{kernels::DType::bf16, 33, 4096}, Param{kernels::DType::f16, 5, 12288},
                                            Param{kernels::DType::bf16, 3, 70000},
                                            Param{kernels::DType::f16, 4096, 1024}),
                          param_name);

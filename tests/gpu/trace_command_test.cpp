@@ -141,9 +141,11 @@ TEST(TraceCommand, PyTorchTrainingLoopMatchesTorchProfiler) {
     auto it = call.find(k.correlation_id);
     ++kernels_per_thread[it == call.end() ? 0 : it->second->thread_id];
   }
-  for (auto [thread, count] : kernels_per_thread) std::printf("thread %u launched %llu of the loop's kernels\n", thread, static_cast<unsigned long long>(count));
+  for (auto [thread, count] : kernels_per_thread)
+    std::printf("thread %u launched %llu of the loop's kernels\n", thread, static_cast<unsigned long long>(count));
 
-  const std::string json = (fs::temp_directory_path() / ("fusekit_torch_profile_" + std::to_string(getpid()) + ".json")).string();
+  const std::string json =
+      (fs::temp_directory_path() / ("fusekit_torch_profile_" + std::to_string(getpid()) + ".json")).string();
   const Result profiled = run(std::string("python3 ") + TORCH_TRAIN_LOOP + " --steps 30 --torch-profiler " + json);
   ASSERT_EQ(profiled.exit_code, 0) << profiled.output;
   const size_t at = profiled.output.find("torch_profiler_kernel_ns ");
@@ -151,10 +153,14 @@ TEST(TraceCommand, PyTorchTrainingLoopMatchesTorchProfiler) {
   const double torch_ns = std::stod(profiled.output.substr(at + 25));
   const size_t kernels_at = profiled.output.find("torch_profiler_kernels ");
   const std::string torch_kernels =
-      kernels_at == std::string::npos ? "?" : profiled.output.substr(kernels_at + 23, profiled.output.find('\n', kernels_at) - kernels_at - 23);
-  std::printf("total GPU kernel time of the loop: fusekit trace %.3f ms (%llu kernels), torch.profiler %.3f ms (%s kernels), ratio %.4f\n",
-              fusekit_ns / 1e6, static_cast<unsigned long long>(loop_kernels), torch_ns / 1e6, torch_kernels.c_str(),
-              fusekit_ns / torch_ns);
+      kernels_at == std::string::npos
+          ? "?"
+          : profiled.output.substr(kernels_at + 23, profiled.output.find('\n', kernels_at) - kernels_at - 23);
+  std::printf(
+      "total GPU kernel time of the loop: fusekit trace %.3f ms (%llu kernels), torch.profiler %.3f ms (%s kernels), "
+      "ratio %.4f\n",
+      fusekit_ns / 1e6, static_cast<unsigned long long>(loop_kernels), torch_ns / 1e6, torch_kernels.c_str(),
+      fusekit_ns / torch_ns);
   RecordProperty("fusekit_kernel_ns", std::to_string(fusekit_ns));
   RecordProperty("torch_profiler_kernel_ns", std::to_string(static_cast<uint64_t>(torch_ns)));
   EXPECT_NEAR(static_cast<double>(fusekit_ns) / torch_ns, 1.0, 0.05);

@@ -40,7 +40,8 @@ int main() {
     tracer.stop();
     const auto start = std::chrono::steady_clock::now();
     Trace t = tracer.flush(true);
-    flush.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() / kLaunches);
+    flush.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() /
+                    kLaunches);
     recorded = t.kernels.size();
   }
   const double m_off = median(off), m_on = median(on), m_flush = median(flush);

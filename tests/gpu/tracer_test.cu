@@ -3,8 +3,8 @@
 // with the tracer stopped. Names, counts, attribution and time shares must match what ran.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cuda_runtime.h>
+#include <algorithm>
 #include <thread>
 #include <vector>
 
