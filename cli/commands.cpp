@@ -41,7 +41,10 @@ reports::RunInfo describe_run(const std::string& label, const std::vector<std::s
                               const profiler::Environment& env) {
   reports::RunInfo info;
   info.label = label;
-  info.command_line = join(argv);
+  // The program by its name, not the machine's path to it.
+  std::vector<std::string> words = argv;
+  if (!words.empty()) words[0] = words[0].substr(words[0].find_last_of('/') + 1);
+  info.command_line = join(words);
   info.git_commit = env.git_commit;
   info.host = env.host;
   if (!env.gpus.empty()) {

@@ -5,8 +5,9 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup.sh"
+cd "$ROOT"  # OUT_DIR is relative to the repository, and so are the paths of the recorded command line
 FUSEKIT="$BUILD_DIR/fusekit"
-OUT_DIR="${OUT_DIR:-$ROOT/out}"
+OUT_DIR="${OUT_DIR:-out}"
 mkdir -p "$OUT_DIR"
 
 if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -28,7 +29,7 @@ fi
 DB="$OUT_DIR/fusekit.db"
 peers=()
 python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null &&
-  peers=(--peers "$ROOT/scripts/peers/ops.py")
+  peers=(--peers scripts/peers/ops.py)
 "$FUSEKIT" bench --suite ops "${peers[@]}" --db "$DB" --label "scripts/run.sh" --reps 30 --warmup 5 --traced-reps 3
 "$FUSEKIT" summary --db "$DB" --top 15 --short-names
 "$FUSEKIT" report --db "$DB" --format html -o "$OUT_DIR/report.html"
