@@ -221,7 +221,13 @@ int trace(const TraceOptions& o) {
   const int64_t run = store.begin_run(describe_run(o.label, o.command, env));
   for (const auto& g : env.gpus) store.add_gpu(run, g);
 
-  const int exit_code = run_child(o.db, run, o.command, o.flush_ms, true);
+  int exit_code = 0;
+  try {
+    exit_code = run_child(o.db, run, o.command, o.flush_ms, true);
+  } catch (...) {
+    store.finish_run(run, "failed", 1);  // never leave a run marked running
+    throw;
+  }
   store.finish_run(run, exit_code == 0 ? "ok" : "failed", exit_code);
   const reports::RunReport report = store.load_report(run);
   std::fprintf(

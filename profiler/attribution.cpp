@@ -67,10 +67,12 @@ Attribution attribute(const Trace& trace) {
   out.range_parent.assign(trace.ranges.size(), kNoRange);
 
   // Runtime and driver records of one launch can share a correlation id; either gives the thread.
-  std::unordered_map<uint32_t, const ApiRecord*> launch_call;
+  // Correlation ids are numbered per process, so a run holding several processes keys on both.
+  auto key_of = [](uint32_t process, uint32_t correlation) { return (uint64_t{process} << 32) | correlation; };
+  std::unordered_map<uint64_t, const ApiRecord*> launch_call;
   launch_call.reserve(trace.api_calls.size());
   for (const ApiRecord& api : trace.api_calls) {
-    auto [it, inserted] = launch_call.emplace(api.correlation_id, &api);
+    auto [it, inserted] = launch_call.emplace(key_of(api.process_id, api.correlation_id), &api);
     if (!inserted && api.kind == ApiKind::runtime) it->second = &api;
   }
 
@@ -80,8 +82,8 @@ Attribution attribute(const Trace& trace) {
   }
   std::map<ThreadKey, std::vector<Query>> queries_of_thread;
 
-  auto ask = [&](uint32_t correlation_id, int* result) {
-    auto it = launch_call.find(correlation_id);
+  auto ask = [&](uint32_t process_id, uint32_t correlation_id, int* result) {
+    auto it = launch_call.find(key_of(process_id, correlation_id));
     if (it == launch_call.end()) return false;
     const ApiRecord& api = *it->second;
     ThreadKey key{api.process_id, api.thread_id};
@@ -89,10 +91,13 @@ Attribution attribute(const Trace& trace) {
     return true;
   };
   for (size_t i = 0; i < trace.kernels.size(); ++i) {
-    if (!ask(trace.kernels[i].correlation_id, &out.kernel_range[i])) ++out.kernels_without_api_record;
+    if (!ask(trace.kernels[i].process_id, trace.kernels[i].correlation_id, &out.kernel_range[i]))
+      ++out.kernels_without_api_record;
   }
-  for (size_t i = 0; i < trace.memcpys.size(); ++i) ask(trace.memcpys[i].correlation_id, &out.memcpy_range[i]);
-  for (size_t i = 0; i < trace.memsets.size(); ++i) ask(trace.memsets[i].correlation_id, &out.memset_range[i]);
+  for (size_t i = 0; i < trace.memcpys.size(); ++i)
+    ask(trace.memcpys[i].process_id, trace.memcpys[i].correlation_id, &out.memcpy_range[i]);
+  for (size_t i = 0; i < trace.memsets.size(); ++i)
+    ask(trace.memsets[i].process_id, trace.memsets[i].correlation_id, &out.memset_range[i]);
 
   for (auto& [key, queries] : queries_of_thread) sweep_thread(trace.ranges, ranges_of_thread[key], queries);
 

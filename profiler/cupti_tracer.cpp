@@ -114,6 +114,7 @@ void convert(Pending& p, const CUpti_Activity* record) {
       r.context_id = k.contextId;
       r.stream_id = k.streamId;
       r.correlation_id = k.correlationId;
+      r.process_id = p.trace.process_id;
       r.name = demangle(k.name);
       r.grid_x = k.gridX;
       r.grid_y = k.gridY;
@@ -129,14 +130,14 @@ void convert(Pending& p, const CUpti_Activity* record) {
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
       const auto& m = *reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-      p.trace.memcpys.push_back({m.start, m.end, m.deviceId, m.contextId, m.streamId, m.correlationId, m.bytes,
-                                 m.copyKind, m.srcKind, m.dstKind});
+      p.trace.memcpys.push_back({m.start, m.end, m.deviceId, m.contextId, m.streamId, m.correlationId,
+                                 p.trace.process_id, m.bytes, m.copyKind, m.srcKind, m.dstKind});
       break;
     }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
       const auto& m = *reinterpret_cast<const CUpti_ActivityMemset4*>(record);
       p.trace.memsets.push_back(
-          {m.start, m.end, m.deviceId, m.contextId, m.streamId, m.correlationId, m.bytes, m.value});
+          {m.start, m.end, m.deviceId, m.contextId, m.streamId, m.correlationId, p.trace.process_id, m.bytes, m.value});
       break;
     }
     case CUPTI_ACTIVITY_KIND_RUNTIME:

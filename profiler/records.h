@@ -18,7 +18,8 @@ struct KernelRecord {
   uint32_t context_id = 0;
   uint32_t stream_id = 0;
   uint32_t correlation_id = 0;
-  std::string name;  // demangled where the name could be demangled
+  uint32_t process_id = 0;  // correlation ids are numbered per process
+  std::string name;         // demangled where the name could be demangled
   int32_t grid_x = 0, grid_y = 0, grid_z = 0;
   int32_t block_x = 0, block_y = 0, block_z = 0;
   int32_t registers_per_thread = 0;
@@ -35,6 +36,7 @@ struct MemcpyRecord {
   uint32_t context_id = 0;
   uint32_t stream_id = 0;
   uint32_t correlation_id = 0;
+  uint32_t process_id = 0;  // correlation ids are numbered per process
   uint64_t bytes = 0;
   uint32_t copy_kind = 0;
   uint32_t src_kind = 0;
@@ -48,6 +50,7 @@ struct MemsetRecord {
   uint32_t context_id = 0;
   uint32_t stream_id = 0;
   uint32_t correlation_id = 0;
+  uint32_t process_id = 0;  // correlation ids are numbered per process
   uint64_t bytes = 0;
   uint32_t value = 0;
 };

@@ -89,7 +89,8 @@ std::string chrome_trace_json(const profiler::Trace& trace, const RunInfo& run) 
   std::set<std::pair<int64_t, int64_t>> streams, threads;  // (pid, tid) of the tracks used
 
   // The API call of each correlation id, for the flow arrows; runtime calls win over the driver calls under them.
-  std::map<uint32_t, const profiler::ApiRecord*> launches;
+  // Keyed by (process, correlation id): each process numbers its own.
+  std::map<std::pair<uint32_t, uint32_t>, const profiler::ApiRecord*> launches;
   for (const profiler::ApiRecord& a : trace.api_calls) {
     const int64_t pid = host_pid(a.process_id);
     threads.insert({pid, a.thread_id});
@@ -99,12 +100,12 @@ std::string chrome_trace_json(const profiler::Trace& trace, const RunInfo& run) 
                    .add("correlation_id", a.correlation_id)
                    .add("callback_id", a.callback_id)
                    .add("return_value", a.return_value));
-    auto [at, inserted] = launches.emplace(a.correlation_id, &a);
+    auto [at, inserted] = launches.emplace(std::make_pair(a.process_id, a.correlation_id), &a);
     if (!inserted && a.kind == profiler::ApiKind::runtime) at->second = &a;
   }
   uint64_t flow_id = 0;
-  const auto flow = [&](uint32_t correlation_id, int64_t pid, int64_t tid, uint64_t start) {
-    const auto at = launches.find(correlation_id);
+  const auto flow = [&](uint32_t process_id, uint32_t correlation_id, int64_t pid, int64_t tid, uint64_t start) {
+    const auto at = launches.find(std::make_pair(process_id, correlation_id));
     if (at == launches.end()) return;
     const profiler::ApiRecord& a = *at->second;
     ++flow_id;
@@ -126,7 +127,7 @@ std::string chrome_trace_json(const profiler::Trace& trace, const RunInfo& run) 
                    .add("device", k.device_id)
                    .add("context", k.context_id)
                    .add("stream", k.stream_id));
-    flow(k.correlation_id, pid, k.stream_id, k.start);
+    flow(k.process_id, k.correlation_id, pid, k.stream_id, k.start);
   }
   for (const profiler::MemcpyRecord& m : trace.memcpys) {
     const int64_t pid = gpu_pid(m.device_id);
@@ -140,7 +141,7 @@ std::string chrome_trace_json(const profiler::Trace& trace, const RunInfo& run) 
                    .add("dst_kind", m.dst_kind)
                    .add("correlation_id", m.correlation_id)
                    .add("stream", m.stream_id));
-    flow(m.correlation_id, pid, m.stream_id, m.start);
+    flow(m.process_id, m.correlation_id, pid, m.stream_id, m.start);
   }
   for (const profiler::MemsetRecord& m : trace.memsets) {
     const int64_t pid = gpu_pid(m.device_id);
@@ -151,7 +152,7 @@ std::string chrome_trace_json(const profiler::Trace& trace, const RunInfo& run) 
                    .add("value", m.value)
                    .add("correlation_id", m.correlation_id)
                    .add("stream", m.stream_id));
-    flow(m.correlation_id, pid, m.stream_id, m.start);
+    flow(m.process_id, m.correlation_id, pid, m.stream_id, m.start);
   }
   uint64_t async_id = 0;
   for (const profiler::RangeRecord& r : trace.ranges) {

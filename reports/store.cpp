@@ -327,10 +327,11 @@ void Store::append_trace(int64_t run, const profiler::Trace& trace) {
                 "correlationId, globalPid, demangledName, shortName, gridX, gridY, gridZ, blockX, blockY, blockZ, "
                 "registersPerThread, staticSharedMemory, dynamicSharedMemory) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
-    const int64_t pid = global_pid(trace.process_id);
+    // A record's own process, else the process that recorded the trace.
+    auto pid_of_record = [&](uint32_t process) { return global_pid(process != 0 ? process : trace.process_id); };
     for (const auto& r : trace.kernels) {
       k.bind(1, run).bind(2, i64(r.start)).bind(3, i64(r.end)).bind(4, i64(r.device_id)).bind(5, i64(r.context_id));
-      k.bind(6, i64(r.stream_id)).bind(7, i64(r.correlation_id)).bind(8, pid);
+      k.bind(6, i64(r.stream_id)).bind(7, i64(r.correlation_id)).bind(8, pid_of_record(r.process_id));
       k.bind(9, id_of(r.name)).bind(10, id_of(profiler::short_kernel_name(r.name)));
       k.bind(11, i64(r.grid_x)).bind(12, i64(r.grid_y)).bind(13, i64(r.grid_z));
       k.bind(14, i64(r.block_x)).bind(15, i64(r.block_y)).bind(16, i64(r.block_z));
@@ -344,7 +345,10 @@ void Store::append_trace(int64_t run, const profiler::Trace& trace) {
                 "correlationId, globalPid, bytes, copyKind, srcKind, dstKind) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)");
     for (const auto& r : trace.memcpys) {
       m.bind(1, run).bind(2, i64(r.start)).bind(3, i64(r.end)).bind(4, i64(r.device_id)).bind(5, i64(r.context_id));
-      m.bind(6, i64(r.stream_id)).bind(7, i64(r.correlation_id)).bind(8, pid).bind(9, i64(r.bytes));
+      m.bind(6, i64(r.stream_id))
+          .bind(7, i64(r.correlation_id))
+          .bind(8, pid_of_record(r.process_id))
+          .bind(9, i64(r.bytes));
       m.bind(10, i64(r.copy_kind)).bind(11, i64(r.src_kind)).bind(12, i64(r.dst_kind));
       m.run();
     }
@@ -355,7 +359,7 @@ void Store::append_trace(int64_t run, const profiler::Trace& trace) {
       s.bind(1, run).bind(2, i64(r.start)).bind(3, i64(r.end)).bind(4, i64(r.device_id)).bind(5, i64(r.context_id));
       s.bind(6, i64(r.stream_id))
           .bind(7, i64(r.correlation_id))
-          .bind(8, pid)
+          .bind(8, pid_of_record(r.process_id))
           .bind(9, i64(r.bytes))
           .bind(10, i64(r.value));
       s.run();
@@ -483,7 +487,8 @@ profiler::Trace Store::load_trace(int64_t run_id) const {
         db_, path_,
         "SELECT k.start, k.end, k.deviceId, k.contextId, k.streamId, k.correlationId, n.value, k.gridX, k.gridY, "
         "k.gridZ, k.blockX, k.blockY, k.blockZ, k.registersPerThread, k.staticSharedMemory, "
-        "k.dynamicSharedMemory FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds n ON n.id = k.demangledName "
+        "k.dynamicSharedMemory, k.globalPid FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds n ON n.id = "
+        "k.demangledName "
         "WHERE k.runId = ? ORDER BY k.start");
     s.bind(1, run_id);
     while (s.step()) {
@@ -504,13 +509,15 @@ profiler::Trace Store::load_trace(int64_t run_id) const {
       k.registers_per_thread = static_cast<int32_t>(s.integer(13));
       k.static_shared_memory = static_cast<int32_t>(s.integer(14));
       k.dynamic_shared_memory = static_cast<int32_t>(s.integer(15));
+      k.process_id = pid_of(s.integer(16));
       t.kernels.push_back(std::move(k));
     }
   }
   {
-    Statement s(db_, path_,
-                "SELECT start, end, deviceId, contextId, streamId, correlationId, bytes, copyKind, srcKind, dstKind "
-                "FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE runId = ? ORDER BY start");
+    Statement s(
+        db_, path_,
+        "SELECT start, end, deviceId, contextId, streamId, correlationId, bytes, copyKind, srcKind, dstKind, globalPid "
+        "FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE runId = ? ORDER BY start");
     s.bind(1, run_id);
     while (s.step()) {
       profiler::MemcpyRecord m;
@@ -524,12 +531,13 @@ profiler::Trace Store::load_trace(int64_t run_id) const {
       m.copy_kind = u32(s.integer(7));
       m.src_kind = u32(s.integer(8));
       m.dst_kind = u32(s.integer(9));
+      m.process_id = pid_of(s.integer(10));
       t.memcpys.push_back(m);
     }
   }
   {
     Statement s(db_, path_,
-                "SELECT start, end, deviceId, contextId, streamId, correlationId, bytes, value "
+                "SELECT start, end, deviceId, contextId, streamId, correlationId, bytes, value, globalPid "
                 "FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE runId = ? ORDER BY start");
     s.bind(1, run_id);
     while (s.step()) {
@@ -542,6 +550,7 @@ profiler::Trace Store::load_trace(int64_t run_id) const {
       m.correlation_id = u32(s.integer(5));
       m.bytes = static_cast<uint64_t>(s.integer(6));
       m.value = u32(s.integer(7));
+      m.process_id = pid_of(s.integer(8));
       t.memsets.push_back(m);
     }
   }

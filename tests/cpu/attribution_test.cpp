@@ -38,6 +38,7 @@ void launch(Trace& t, const char* name, uint64_t launch_time, uint32_t tid, uint
   k.end = end;
   k.stream_id = stream;
   k.correlation_id = correlation;
+  k.process_id = kPid;
   k.name = name;
   t.kernels.push_back(k);
 }
@@ -108,10 +109,12 @@ TEST(Attribution, CopiesAndMemsetsFollowTheirCalls) {
   t.api_calls.push_back(call);
   MemcpyRecord m;
   m.correlation_id = 42;
+  m.process_id = kPid;
   m.bytes = 4096;
   t.memcpys.push_back(m);
   MemsetRecord s;
   s.correlation_id = 43;  // no call recorded
+  s.process_id = kPid;
   t.memsets.push_back(s);
   const Attribution a = attribute(t);
   EXPECT_EQ(a.memcpy_range[0], 0);
@@ -228,6 +231,38 @@ TEST(Names, ShortKernelNames) {
             "scale_kernel");
   EXPECT_EQ(demangle("_Z3addPfS_i"), "add(float*, float*, int)");
   EXPECT_EQ(demangle("not_mangled"), "not_mangled");
+}
+
+}  // namespace
+}  // namespace fusekit::profiler
+
+namespace fusekit::profiler {
+namespace {
+
+// Two processes in one run number their correlation ids independently: a kernel belongs to the
+// launch call of its own process with that id.
+TEST(Attribution, CorrelationIdsArePerProcess) {
+  Trace t;
+  for (uint32_t pid : {100u, 200u}) {
+    RangeRecord r = range(pid == 100 ? "in-100" : "in-200", 0, 1000, 1);
+    r.process_id = pid;
+    t.ranges.push_back(r);
+    ApiRecord a;
+    a.start = 10;
+    a.process_id = pid;
+    a.thread_id = 1;
+    a.correlation_id = 7;
+    t.api_calls.push_back(a);
+    KernelRecord k;
+    k.start = 20;
+    k.end = 30;
+    k.process_id = pid;
+    k.correlation_id = 7;
+    t.kernels.push_back(k);
+  }
+  const Attribution a = attribute(t);
+  EXPECT_EQ(a.kernel_range[0], 0);
+  EXPECT_EQ(a.kernel_range[1], 1);
 }
 
 }  // namespace

@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
       k.end = k.start + 300 + 100 * (i % 2);
       k.stream_id = 7;
       k.correlation_id = i + 1;
+      k.process_id = 10;
       k.name = i % 2 ? "void fused_kernel<float>(float const*, float*)" : "scale_kernel";
       k.grid_x = 132;
       k.block_x = 256;

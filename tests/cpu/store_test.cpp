@@ -64,6 +64,7 @@ profiler::Trace sample_trace(std::mt19937& rng, int kernels) {
     k.context_id = 1;
     k.stream_id = 7 + (i % 3);
     k.correlation_id = a.correlation_id;
+    k.process_id = a.process_id;
     k.name = i % 2 ? "void gemm<float, 128>(float const*, float*)" : "relu_kernel";
     k.grid_x = i + 1;
     k.grid_y = 2;
@@ -77,8 +78,8 @@ profiler::Trace sample_trace(std::mt19937& rng, int kernels) {
     t.kernels.push_back(k);
     now += 2000;
   }
-  t.memcpys.push_back({now, now + 100, 0, 1, 7, 9999, 1 << 20, 1, 1, 3});
-  t.memsets.push_back({now + 200, now + 250, 0, 1, 8, 9998, 4096, 255});
+  t.memcpys.push_back({now, now + 100, 0, 1, 7, 9999, 4242, 1 << 20, 1, 1, 3});
+  t.memsets.push_back({now + 200, now + 250, 0, 1, 8, 9998, 4242, 4096, 255});
   profiler::RangeRecord r;
   r.start = 999'000;
   r.end = now + 300;

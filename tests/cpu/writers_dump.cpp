@@ -67,13 +67,14 @@ profiler::Trace sample_trace() {
     k.end = k.start + 800;
     k.stream_id = 7 + i % 2;
     k.correlation_id = 10 + i;
+    k.process_id = 4242;
     k.name = i == 1 ? kEvilKernel : "void f<int, 2>(float*)";
     t.kernels.push_back(k);
     t.api_calls.push_back({kOrigin + 1000 * i, kOrigin + 1000 * i + 50, 4242, 100, 10 + i, 1,
                            profiler::ApiKind::runtime, 0, "cudaLaunchKernel"});
   }
-  t.memcpys.push_back({kOrigin + 5000, kOrigin + 6000, 0, 1, 7, 20, 4096, 1, 0, 3});
-  t.memsets.push_back({kOrigin + 6000, kOrigin + 6100, 0, 1, 7, 21, 4096, 0});
+  t.memcpys.push_back({kOrigin + 5000, kOrigin + 6000, 0, 1, 7, 20, 4242, 4096, 1, 0, 3});
+  t.memsets.push_back({kOrigin + 6000, kOrigin + 6100, 0, 1, 7, 21, 4242, 4096, 0});
   t.ranges.push_back({kOrigin, kOrigin + 7000, 4242, 100, 100, profiler::kNvtxPushPopRange, "step", ""});
   t.ranges.push_back({kOrigin + 10, 0, 4242, 100, 100, profiler::kNvtxPushPopRange, "never closed", ""});
   return t;

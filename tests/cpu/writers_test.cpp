@@ -616,7 +616,7 @@ profiler::Trace make_trace() {
                           std::string name) {
     profiler::KernelRecord k;
     k.start = kOrigin + start, k.end = kOrigin + end, k.device_id = device, k.stream_id = stream;
-    k.correlation_id = correlation, k.name = std::move(name);
+    k.correlation_id = correlation, k.process_id = 4242, k.name = std::move(name);
     k.grid_x = 64, k.grid_y = 2, k.grid_z = 1, k.block_x = 256, k.block_y = 1, k.block_z = 1;
     k.registers_per_thread = 40, k.static_shared_memory = 1024, k.dynamic_shared_memory = 49152;
     t.kernels.push_back(k);
@@ -624,9 +624,9 @@ profiler::Trace make_trace() {
   kernel(1'234'567, 1'240'000, 0, 7, 11, kTemplateKernel);
   kernel(1'240'100, 1'250'000, 0, 13, 12, kEvilKernel);
   kernel(1'240'200, 1'245'000, 1, 7, 13, "gemm");
-  t.memcpys.push_back({kOrigin + 500'000, kOrigin + 600'000, 0, 1, 7, 10, 4096, 1, 0, 3});
-  t.memcpys.push_back({kOrigin + 1'300'000, kOrigin + 1'301'000, 0, 1, 13, 99, 4096, 2, 3, 0});
-  t.memsets.push_back({kOrigin + 400'000, kOrigin + 401'000, 0, 1, 7, 9, 1024, 0});
+  t.memcpys.push_back({kOrigin + 500'000, kOrigin + 600'000, 0, 1, 7, 10, 4242, 4096, 1, 0, 3});
+  t.memcpys.push_back({kOrigin + 1'300'000, kOrigin + 1'301'000, 0, 1, 13, 99, 4242, 4096, 2, 3, 0});
+  t.memsets.push_back({kOrigin + 400'000, kOrigin + 401'000, 0, 1, 7, 9, 4242, 1024, 0});
   const auto api = [&](uint64_t start, uint64_t end, uint32_t tid, uint32_t correlation, std::string name) {
     t.api_calls.push_back(
         {kOrigin + start, kOrigin + end, 4242, tid, correlation, 1, profiler::ApiKind::runtime, 0, std::move(name)});
