@@ -157,6 +157,20 @@ void write_output(const std::string& path, const std::string& content) {
   if (!out.flush()) throw std::runtime_error(path + ": write failed: " + std::strerror(errno));
 }
 
+std::string operator_list() {
+  std::string names;
+  for (const suites::OpDefinition& op : suites::ops()) names += (names.empty() ? "" : ", ") + op.name;
+  return names;
+}
+
+std::string operator_shapes() {
+  std::string shapes;
+  for (const suites::OpDefinition& op : suites::ops()) {
+    shapes += (shapes.empty() ? "" : "; ") + op.name + ": " + op.shape_syntax;
+  }
+  return shapes;
+}
+
 int bench(const BenchOptions& o) {
   const bool ops = !o.op.empty() || o.suite == "ops";
   if (!ops && o.suite != "demo") throw std::invalid_argument("unknown suite '" + o.suite + "' (available: demo, ops)");
@@ -185,10 +199,16 @@ int bench(const BenchOptions& o) {
         // PyTorch eager and torch.compile on the same cases: timed untraced, then traced for the
         // kernel shares, both into this run.
         std::fprintf(stderr, "fusekit: timing the peers: python3 %s\n", o.peers.c_str());
-        int code = run_child(o.db, run, {"python3", o.peers}, 1000, false);
+        std::vector<std::string> peer_args = {"python3", o.peers};
+        if (!o.op.empty()) {  // the one case bench ran
+          peer_args.insert(peer_args.end(), {"--ops", o.op, "--shapes", o.shape, "--dtypes", o.dtype, "--directions",
+                                             o.backward ? "fwd+bwd" : "fwd"});
+        }
+        int code = run_child(o.db, run, peer_args, 1000, false);
         if (code == 0) {
           std::fprintf(stderr, "fusekit: tracing the peers: python3 %s --traced-only\n", o.peers.c_str());
-          code = run_child(o.db, run, {"python3", o.peers, "--traced-only"}, 1000, true);
+          peer_args.push_back("--traced-only");
+          code = run_child(o.db, run, peer_args, 1000, true);
         }
         if (code != 0) throw std::runtime_error("the peers script failed with exit code " + std::to_string(code));
       }

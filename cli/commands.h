@@ -25,6 +25,11 @@ struct BenchOptions {
 };
 int bench(const BenchOptions& o);
 
+// For bench's help: the operators of the ops suite ("layernorm, ...") and their shape syntaxes
+// ("layernorm: ROWSxCOLUMNS; ...").
+std::string operator_list();
+std::string operator_shapes();
+
 struct TraceOptions {
   std::string db;
   std::string label;

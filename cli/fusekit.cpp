@@ -28,8 +28,9 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--db", bench_options.db, "Store to write (created if missing)")->required();
   bench_cmd->add_option("--suite", bench_options.suite, "Suite to run: demo | ops")->capture_default_str();
   bench_cmd->add_option("--op", bench_options.op,
-                        "One operator instead of a suite (layernorm); needs --shape and --dtype");
-  bench_cmd->add_option("--shape", bench_options.shape, "With --op: ROWSxCOLUMNS, e.g. 16384x1024");
+                        "One operator instead of a suite (" + operator_list() + "); needs --shape and --dtype");
+  bench_cmd->add_option("--shape", bench_options.shape,
+                        "With --op: the operator's shape (" + operator_shapes() + "), e.g. 16384x1024");
   bench_cmd->add_option("--dtype", bench_options.dtype, "With --op: fp32 | fp16 | bf16");
   bench_cmd->add_flag("--backward", bench_options.backward, "With --op: time forward + backward");
   bench_cmd

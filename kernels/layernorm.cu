@@ -457,40 +457,6 @@ void check_sizes(int rows, int C) {
 
 }  // namespace
 
-size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
-
-const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::f32:
-      return "fp32";
-    case DType::f16:
-      return "fp16";
-    case DType::bf16:
-      return "bf16";
-  }
-  return "?";
-}
-
-// Maps the run-time dtype to the storage type T.
-#define FUSEKIT_DTYPE_SWITCH(dtype, ...) \
-  switch (dtype) {                       \
-    case DType::f32: {                   \
-      using T = float;                   \
-      __VA_ARGS__;                       \
-      break;                             \
-    }                                    \
-    case DType::f16: {                   \
-      using T = __half;                  \
-      __VA_ARGS__;                       \
-      break;                             \
-    }                                    \
-    case DType::bf16: {                  \
-      using T = __nv_bfloat16;           \
-      __VA_ARGS__;                       \
-      break;                             \
-    }                                    \
-  }
-
 void layernorm_forward(DType dtype, const void* x, const void* gamma, const void* beta, void* y, float* mean,
                        float* rstd, int rows, int columns, float eps, cudaStream_t stream) {
   check_sizes(rows, columns);

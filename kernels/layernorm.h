@@ -16,12 +16,9 @@
 
 #include <cstddef>
 
+#include "kernels/dtype.h"
+
 namespace fusekit::kernels {
-
-enum class DType { f32, f16, bf16 };
-
-size_t dtype_size(DType dtype);
-const char* dtype_name(DType dtype);  // "fp32", "fp16", "bf16"
 
 void layernorm_forward(DType dtype, const void* x, const void* gamma, const void* beta, void* y, float* mean,
                        float* rstd, int rows, int columns, float eps, cudaStream_t stream);

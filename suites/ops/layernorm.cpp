@@ -11,10 +11,9 @@
 #include "suites/ops/operands.h"
 #include "suites/ops/ops_suite.h"
 
-#ifdef FUSEKIT_WITH_TORCH
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
+#include "suites/ops/torch_operands.h"
 
+#ifdef FUSEKIT_WITH_TORCH
 #include "baselines/layernorm.h"
 #endif
 
@@ -66,24 +65,9 @@ double bytes_moved(Shape2 shape, kernels::DType dtype, bool backward) {
   return backward ? forward + back : forward;
 }
 
-#ifdef FUSEKIT_WITH_TORCH
-at::ScalarType torch_type(kernels::DType dtype) {
-  return dtype == kernels::DType::f32 ? at::kFloat : dtype == kernels::DType::f16 ? at::kHalf : at::kBFloat16;
-}
-at::Tensor wrap(const DeviceBuffer& buffer, std::vector<int64_t> sizes, at::ScalarType type) {
-  return at::from_blob(buffer.get(), sizes, at::TensorOptions().dtype(type).device(at::kCUDA));
-}
-#endif
-
-}  // namespace
-
 std::vector<Case> layernorm_cases(Shape2 shape, kernels::DType dtype, bool backward) {
-  reports::CaseInfo info;
-  info.op = "layernorm";
-  info.shape = std::to_string(shape.rows) + "x" + std::to_string(shape.columns);
-  info.dtype = kernels::dtype_name(dtype);
-  info.name = info.op + "/" + info.shape + "/" + info.dtype + (backward ? "/fwd+bwd" : "/fwd");
-  info.bytes = bytes_moved(shape, dtype, backward);
+  reports::CaseInfo info = make_case_info("layernorm", std::to_string(shape.rows) + "x" + std::to_string(shape.columns),
+                                          dtype, backward, bytes_moved(shape, dtype, backward));
   auto operands = std::make_shared<std::optional<LayerNormOperands>>();
   auto setup = [operands, shape, dtype, backward](cudaStream_t stream) {
     operands->emplace(shape, dtype, backward, stream);
@@ -113,7 +97,7 @@ std::vector<Case> layernorm_cases(Shape2 shape, kernels::DType dtype, bool backw
                    [operands, shape, dtype, backward](cudaStream_t stream, int rep) {
                      LayerNormOperands& o = **operands;
                      const int s = rep % o.sets;
-                     c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromExternal(stream, 0));
+                     TorchStream on_stream(stream);
                      const at::ScalarType type = torch_type(dtype);
                      const at::Tensor x = wrap(o.x[s], {shape.rows, shape.columns}, type);
                      const at::Tensor gamma = wrap(o.gamma, {shape.columns}, type);
@@ -128,6 +112,22 @@ std::vector<Case> layernorm_cases(Shape2 shape, kernels::DType dtype, bool backw
                    setup, release});
 #endif
   return cases;
+}
+
+}  // namespace
+
+OpDefinition layernorm_op() {
+  OpDefinition op;
+  op.name = "layernorm";
+  op.shape_syntax = "ROWSxCOLUMNS";
+  // Token counts x hidden sizes: BERT-base and -large at batch 64 x seq 128 and 32 x 512; Swin
+  // stages at batch 128 (224 x 224 input: 56^2, 28^2, 14^2, 7^2 tokens per image).
+  op.shapes = {"8192x768",   "8192x1024",  "16384x1024", "401408x96",
+               "401408x128", "401408x192", "100352x384", "6272x768"};
+  op.cases = [](const std::string& shape, kernels::DType dtype, bool backward) {
+    return layernorm_cases(parse_shape2(shape), dtype, backward);
+  };
+  return op;
 }
 
 }  // namespace fusekit::suites

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/layernorm.h"
+#include "kernels/dtype.h"
 
 namespace fusekit::suites {
 

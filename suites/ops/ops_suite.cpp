@@ -3,22 +3,6 @@
 #include <stdexcept>
 
 namespace fusekit::suites {
-namespace {
-
-// Token counts x hidden sizes: BERT-base and -large at batch 64 x seq 128 and 32 x 512; Swin
-// stages at batch 128 (224 x 224 input: 56^2, 28^2, 14^2, 7^2 tokens per image).
-const char* const kLayerNormShapes[] = {
-    "8192x768",    // BERT-base, 64 x 128
-    "8192x1024",   // BERT-large, 64 x 128
-    "16384x1024",  // BERT-large, 32 x 512
-    "401408x96",   // Swin-T stage 1
-    "401408x128",  // Swin-B stage 1
-    "401408x192",  // Swin-L stage 1
-    "100352x384",  // Swin-L stage 2
-    "6272x768",    // Swin-T stage 4
-};
-
-}  // namespace
 
 bool baselines_available() {
 #ifdef FUSEKIT_WITH_TORCH
@@ -26,6 +10,24 @@ bool baselines_available() {
 #else
   return false;
 #endif
+}
+
+const std::vector<OpDefinition>& ops() {
+  static const std::vector<OpDefinition> all = {
+      layernorm_op(),
+  };
+  return all;
+}
+
+reports::CaseInfo make_case_info(const std::string& op, const std::string& shape, kernels::DType dtype, bool backward,
+                                 double bytes) {
+  reports::CaseInfo info;
+  info.op = op;
+  info.shape = shape;
+  info.dtype = kernels::dtype_name(dtype);
+  info.name = op + "/" + shape + "/" + info.dtype + (backward ? "/fwd+bwd" : "/fwd");
+  info.bytes = bytes;
+  return info;
 }
 
 std::vector<Case> ops_cases(const OpsRequest& request) {
@@ -37,18 +39,27 @@ std::vector<Case> ops_cases(const OpsRequest& request) {
     if (request.shape.empty() || request.dtype.empty()) {
       throw std::invalid_argument("--op needs --shape and --dtype");
     }
-    const Shape2 shape = parse_shape2(request.shape);
     const kernels::DType dtype = parse_dtype(request.dtype);
-    if (request.op == "layernorm") {
-      append(layernorm_cases(shape, dtype, request.backward));
-    } else {
-      throw std::invalid_argument("unknown operator '" + request.op + "' (available: layernorm)");
+    std::string names;
+    for (const OpDefinition& op : ops()) {
+      if (op.name != request.op) {
+        names += (names.empty() ? "" : ", ") + op.name;
+        continue;
+      }
+      if (request.backward && !op.has_backward) {
+        throw std::invalid_argument("operator '" + op.name + "' has no backward: leave out --backward");
+      }
+      append(op.cases(request.shape, dtype, request.backward));
+      return cases;
     }
-    return cases;
+    throw std::invalid_argument("unknown operator '" + request.op + "' (available: " + names + ")");
   }
-  for (kernels::DType dtype : {kernels::DType::f16, kernels::DType::bf16}) {
-    for (bool backward : {false, true}) {
-      for (const char* shape : kLayerNormShapes) append(layernorm_cases(parse_shape2(shape), dtype, backward));
+  for (const OpDefinition& op : ops()) {
+    for (kernels::DType dtype : {kernels::DType::f16, kernels::DType::bf16}) {
+      for (bool backward : {false, true}) {
+        if (backward && !op.has_backward) continue;
+        for (const std::string& shape : op.shapes) append(op.cases(shape, dtype, backward));
+      }
     }
   }
   return cases;

@@ -1,11 +1,15 @@
 // The operator suite: every fused operator at BERT-base/large and Swin-T/B/L shapes, forward and
 // forward + backward, fp16 and bf16, fused and baseline. Or one operator at one shape and dtype.
+//
+// Each operator lives in its own file (suites/ops/<op>.cpp) and describes itself with an
+// OpDefinition; ops_suite.cpp lists them.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
-#include "kernels/layernorm.h"
+#include "kernels/dtype.h"
 #include "suites/ops/operands.h"
 #include "suites/runner.h"
 
@@ -13,18 +17,35 @@ namespace fusekit::suites {
 
 struct OpsRequest {
   std::string op;         // "" for the whole suite
-  std::string shape;      // with op: "ROWSxCOLUMNS"
+  std::string shape;      // with op: the operator's shape syntax (OpDefinition::shape_syntax)
   std::string dtype;      // with op: fp32 | fp16 | bf16
   bool backward = false;  // with op: forward + backward instead of forward
 };
 
+struct OpDefinition {
+  std::string name;                 // "layernorm"
+  std::string shape_syntax;         // "ROWSxCOLUMNS", for error messages
+  std::vector<std::string> shapes;  // the suite's shapes
+  bool has_backward = true;         // false: one case per shape and dtype (e.g. an optimizer step)
+  // The cases of one shape, dtype and direction: fused, and the libtorch baseline where built in.
+  // Throws std::invalid_argument for a shape it cannot parse or does not support.
+  std::function<std::vector<Case>(const std::string& shape, kernels::DType dtype, bool backward)> cases;
+};
+
+// Every operator of the suite, in suite order.
+const std::vector<OpDefinition>& ops();
+
 // Throws std::invalid_argument for an unknown operator, shape or dtype.
 std::vector<Case> ops_cases(const OpsRequest& request);
 
-// One operator's cases (fused, and the libtorch baseline where built in).
-std::vector<Case> layernorm_cases(Shape2 shape, kernels::DType dtype, bool backward);
+// The case description every operator fills the same way: name "<op>/<shape>/<dtype>/<fwd|fwd+bwd>".
+reports::CaseInfo make_case_info(const std::string& op, const std::string& shape, kernels::DType dtype, bool backward,
+                                 double bytes);
 
 // Whether the libtorch baselines were built in.
 bool baselines_available();
+
+// One definition per operator file.
+OpDefinition layernorm_op();
 
 }  // namespace fusekit::suites
