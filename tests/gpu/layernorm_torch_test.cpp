@@ -11,6 +11,7 @@
 #include "baselines/layernorm.h"
 #include "gpu_test_support.h"
 #include "kernels/layernorm.h"
+#include "torch_test_support.h"
 
 namespace fusekit {
 namespace {
@@ -20,18 +21,6 @@ struct Param {
   int rows;
   int columns;
 };
-
-at::ScalarType torch_type(kernels::DType dtype) {
-  return dtype == kernels::DType::f32 ? at::kFloat : dtype == kernels::DType::f16 ? at::kHalf : at::kBFloat16;
-}
-
-double relative_error(const at::Tensor& out, const at::Tensor& ref) {
-  const at::Tensor o = out.to(at::kDouble);
-  if (!at::isfinite(o).all().item<bool>()) return INFINITY;  // NaN never passes
-  const double norm = ref.norm().item<double>();
-  const double diff = (o - ref).norm().item<double>();
-  return norm > 0 ? diff / norm : diff;
-}
 
 class LayerNormTorchTest : public ::testing::TestWithParam<Param> {};
 

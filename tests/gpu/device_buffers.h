@@ -1,0 +1,103 @@
+// Shared by the GPU tests of the operators: device buffers filled from doubles (rounded to the
+// storage type, the host copy updated to what was stored) or poisoned with NaN, downloads back to
+// doubles, and DESIGN.md's relative-error bounds.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/dtype.h"
+
+namespace fusekit::kernels {
+
+#define CHECK_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+// DESIGN.md's bounds on ||out - ref|| / ||ref||.
+inline double tolerance(DType dtype) { return dtype == DType::f32 ? 1e-5 : dtype == DType::f16 ? 2e-3 : 1e-2; }
+
+// Host-side rounding to the storage type and back, and the raw bits of the stored value.
+inline std::vector<uint16_t> to_bits(const std::vector<double>& v, DType dtype) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dtype == DType::f16) {
+      __half h = __float2half_rn(static_cast<float>(v[i]));
+      out[i] = *reinterpret_cast<uint16_t*>(&h);
+    } else {
+      __nv_bfloat16 b = __float2bfloat16_rn(static_cast<float>(v[i]));
+      out[i] = *reinterpret_cast<uint16_t*>(&b);
+    }
+  }
+  return out;
+}
+inline double from_bits(uint16_t bits, DType dtype) {
+  if (dtype == DType::f16) return __half2float(*reinterpret_cast<__half*>(&bits));
+  return __bfloat162float(*reinterpret_cast<__nv_bfloat16*>(&bits));
+}
+
+// A device buffer of `count` elements of `dtype`, filled from doubles (rounded to the dtype, and
+// `values` updated to what was stored) or poisoned with NaN.
+class Buffer {
+ public:
+  Buffer(size_t count, DType dtype) : count_(count), dtype_(dtype) {
+    EXPECT_EQ(cudaMalloc(&data_, std::max<size_t>(1, count * dtype_size(dtype))), cudaSuccess);
+    poison();
+  }
+  ~Buffer() { cudaFree(data_); }
+  void poison() { cudaMemset(data_, 0xFF, count_ * dtype_size(dtype_)); }  // all-ones bits: NaN in every dtype
+  void upload(std::vector<double>& values) {
+    if (dtype_ == DType::f32) {
+      std::vector<float> f(values.begin(), values.end());
+      for (size_t i = 0; i < f.size(); ++i) values[i] = f[i];
+      cudaMemcpy(data_, f.data(), f.size() * 4, cudaMemcpyHostToDevice);
+    } else {
+      std::vector<uint16_t> bits = to_bits(values, dtype_);
+      for (size_t i = 0; i < bits.size(); ++i) values[i] = from_bits(bits[i], dtype_);
+      cudaMemcpy(data_, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice);
+    }
+  }
+  std::vector<double> download() const {
+    std::vector<double> out(count_);
+    if (dtype_ == DType::f32) {
+      std::vector<float> f(count_);
+      cudaMemcpy(f.data(), data_, count_ * 4, cudaMemcpyDeviceToHost);
+      for (size_t i = 0; i < count_; ++i) out[i] = f[i];
+    } else {
+      std::vector<uint16_t> bits(count_);
+      cudaMemcpy(bits.data(), data_, count_ * 2, cudaMemcpyDeviceToHost);
+      for (size_t i = 0; i < count_; ++i) out[i] = from_bits(bits[i], dtype_);
+    }
+    return out;
+  }
+  void* get() const { return data_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t count_;
+  DType dtype_;
+};
+
+inline std::vector<double> download_floats(const float* p, size_t n) {
+  std::vector<float> f(n);
+  cudaMemcpy(f.data(), p, n * 4, cudaMemcpyDeviceToHost);
+  return std::vector<double>(f.begin(), f.end());
+}
+
+// ||out - ref|| / ||ref||; infinite if any output is NaN (an unwritten or broken element).
+inline double relative_error(const std::vector<double>& out, const std::vector<double>& ref) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(out[i])) return INFINITY;
+    diff += (out[i] - ref[i]) * (out[i] - ref[i]);
+    norm += ref[i] * ref[i];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+}  // namespace fusekit::kernels
