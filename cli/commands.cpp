@@ -1,6 +1,7 @@
 #include "cli/commands.h"
 
 #include <limits.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -96,22 +97,34 @@ int run_child(const std::string& db, int64_t run, const std::vector<std::string>
   const std::string cupti = profiler::cupti_library_path();
   if (traced && access(inject.c_str(), R_OK) != 0) throw std::runtime_error("injection library not found: " + inject);
   if (traced && cupti.empty()) throw std::runtime_error("the CUPTI library is not loaded; cannot trace NVTX ranges");
-  pid_t child = fork();
-  if (child < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
-  if (child == 0) {
-    if (traced) {
-      setenv("CUDA_INJECTION64_PATH", inject.c_str(), 1);
-      setenv("NVTX_INJECTION64_PATH", cupti.c_str(), 1);
-    }
-    setenv("FUSEKIT_TRACE_DB", db.c_str(), 1);
-    setenv("FUSEKIT_TRACE_RUN", std::to_string(run).c_str(), 1);
-    setenv("FUSEKIT_TRACE_FLUSH_MS", std::to_string(flush_ms).c_str(), 1);
-    std::vector<char*> args;
-    for (const auto& a : command) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    std::fprintf(stderr, "fusekit: cannot run '%s': %s\n", args[0], std::strerror(errno));
-    _exit(127);
+  // Everything the child needs is built here, before it exists: between fork and exec only
+  // async-signal-safe calls are allowed, so the child is started with posix_spawnp.
+  std::vector<std::string> overrides = {"FUSEKIT_TRACE_DB=" + db, "FUSEKIT_TRACE_RUN=" + std::to_string(run),
+                                        "FUSEKIT_TRACE_FLUSH_MS=" + std::to_string(flush_ms)};
+  if (traced) {
+    overrides.push_back("CUDA_INJECTION64_PATH=" + inject);
+    overrides.push_back("NVTX_INJECTION64_PATH=" + cupti);
+  }
+  std::vector<std::string> environment;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const std::string key = entry.substr(0, entry.find('=') + 1);
+    bool replaced = false;
+    for (const std::string& o : overrides) replaced = replaced || o.compare(0, key.size(), key) == 0;
+    if (!replaced) environment.push_back(entry);
+  }
+  environment.insert(environment.end(), overrides.begin(), overrides.end());
+  std::vector<char*> envp, argv;
+  for (std::string& e : environment) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = command;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t child = 0;
+  const int rc = posix_spawnp(&child, argv[0], nullptr, nullptr, argv.data(), envp.data());
+  if (rc != 0) {
+    std::fprintf(stderr, "fusekit: cannot run '%s': %s\n", argv[0], std::strerror(rc));
+    return 127;
   }
   int status = 0;
   while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
@@ -190,7 +203,7 @@ int bench(const BenchOptions& o) {
     const double ceiling = suites::measure_copy_ceiling(size_t{1} << 30, 20);
     store.set_copy_ceiling(run, ceiling);
     std::fprintf(stderr, "fusekit: device copy ceiling %.2f TB/s\n", ceiling / 1e12);
-    suites::RunnerOptions options{o.warmup, o.repetitions, o.traced_repetitions, false};
+    suites::RunnerOptions options{o.warmup, o.repetitions, o.traced_repetitions};
     if (ops) {
       if (!suites::baselines_available())
         std::fprintf(stderr, "fusekit: built without libtorch: no baseline variants\n");
@@ -256,6 +269,11 @@ int trace(const TraceOptions& o) {
       static_cast<long long>(run), static_cast<unsigned long long>(report.totals.kernels),
       static_cast<unsigned long long>(report.totals.memcpys), static_cast<unsigned long long>(report.totals.ranges),
       static_cast<unsigned long long>(report.totals.api_calls), o.db.c_str(), exit_code);
+  if (report.totals.api_calls == 0 && report.totals.kernels == 0) {
+    std::fprintf(stderr,
+                 "fusekit: warning: nothing was traced: the program made no CUDA calls, or the injection library "
+                 "did not load (FUSEKIT_TRACE_VERBOSE=1 says which)\n");
+  }
   check_dropped(report.run.dropped_records, o.allow_dropped);
   return exit_code;
 }

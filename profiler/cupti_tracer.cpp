@@ -107,6 +107,10 @@ void convert(Pending& p, const CUpti_Activity* record) {
     case CUPTI_ACTIVITY_KIND_KERNEL:
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
       const auto& k = *reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+      if (k.start == 0 || k.end < k.start) {  // forced out while still running: incomplete
+        ++p.trace.dropped_records;
+        break;
+      }
       KernelRecord r;
       r.start = k.start;
       r.end = k.end;
@@ -130,12 +134,20 @@ void convert(Pending& p, const CUpti_Activity* record) {
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
       const auto& m = *reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+      if (m.start == 0 || m.end < m.start) {
+        ++p.trace.dropped_records;
+        break;
+      }
       p.trace.memcpys.push_back({m.start, m.end, m.deviceId, m.contextId, m.streamId, m.correlationId,
                                  p.trace.process_id, m.bytes, m.copyKind, m.srcKind, m.dstKind});
       break;
     }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
       const auto& m = *reinterpret_cast<const CUpti_ActivityMemset4*>(record);
+      if (m.start == 0 || m.end < m.start) {
+        ++p.trace.dropped_records;
+        break;
+      }
       p.trace.memsets.push_back(
           {m.start, m.end, m.deviceId, m.contextId, m.streamId, m.correlationId, p.trace.process_id, m.bytes, m.value});
       break;
@@ -209,6 +221,16 @@ void CuptiTracer::stop() {
   if (!running_) return;
   for (CUpti_ActivityKind kind : kKinds) FUSEKIT_CUPTI_CHECK(cuptiActivityDisable(kind));
   running_ = false;
+}
+
+Trace CuptiTracer::collect_completed() {
+  if (registered_) FUSEKIT_CUPTI_CHECK(cuptiActivityFlushAll(0));
+  Pending& p = pending();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  Trace out = std::move(p.trace);
+  p.trace = Trace{};
+  p.trace.process_id = out.process_id;
+  return out;
 }
 
 Trace CuptiTracer::flush(bool final) {

@@ -28,9 +28,12 @@ class CuptiTracer {
   void stop();
   // Forces CUPTI to hand over every buffer and returns the records gathered since the last flush.
   // Ranges still open stay held back until they close, or, with `final`, are returned unclosed.
+  // Synchronize the device first: a record of work still in flight is incomplete, and is counted
+  // as dropped rather than returned.
   Trace flush(bool final = false);
-
-  bool running() const { return running_; }
+  // Returns the records of the buffers CUPTI has filled so far, without forcing out the one it is
+  // writing: safe while the GPU is busy (the periodic flush of `fusekit trace`).
+  Trace collect_completed();
 
  private:
   CuptiTracer() = default;

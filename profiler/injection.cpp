@@ -30,8 +30,9 @@ struct Injection {
   std::mutex mutex;
   std::condition_variable wake;
   bool stopping = false;
-  std::mutex write_mutex;  // the flusher and the exit handler both write
-  pid_t pid = 0;           // a forked child inherits the exit handler but not the flusher thread
+  std::mutex write_mutex;              // the flusher and the exit handler both write
+  pid_t pid = 0;                       // a forked child inherits the exit handler but not the flusher thread
+  fusekit::profiler::Trace unwritten;  // records whose append failed: tried again at the next flush
   size_t kernels = 0;
   size_t ranges = 0;
   bool verbose = false;  // FUSEKIT_TRACE_VERBOSE=1: one line per traced process at exit
@@ -45,16 +46,28 @@ Injection& injection() {
 void write(Injection& in, bool final) {
   std::lock_guard<std::mutex> lock(in.write_mutex);
   try {
-    fusekit::profiler::Trace trace = fusekit::profiler::CuptiTracer::instance().flush(final);
+    fusekit::profiler::CuptiTracer& tracer = fusekit::profiler::CuptiTracer::instance();
+    fusekit::profiler::Trace trace = final ? tracer.flush(true) : tracer.collect_completed();
     in.kernels += trace.kernels.size();
     in.ranges += trace.ranges.size();
-    if (!trace.empty()) in.store->append_trace(in.run, trace);
+    in.unwritten.process_id = trace.process_id;
+    in.unwritten.append(std::move(trace));
+    if (!in.unwritten.empty()) {
+      in.store->append_trace(in.run, in.unwritten);
+      in.unwritten = fusekit::profiler::Trace{};
+    }
     if (final && in.verbose) {
       std::fprintf(stderr, "fusekit trace: process %d wrote %zu kernels and %zu NVTX ranges (NVTX through %s)\n",
                    static_cast<int>(getpid()), in.kernels, in.ranges, std::getenv("NVTX_INJECTION64_PATH"));
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "fusekit trace: %s\n", e.what());
+    const size_t held = in.unwritten.kernels.size() + in.unwritten.memcpys.size() + in.unwritten.memsets.size() +
+                        in.unwritten.api_calls.size() + in.unwritten.ranges.size();
+    if (final) {
+      std::fprintf(stderr, "fusekit trace: %zu records could not be written and are lost: %s\n", held, e.what());
+    } else {
+      std::fprintf(stderr, "fusekit trace: %s (%zu records held for the next flush)\n", e.what(), held);
+    }
   }
 }
 

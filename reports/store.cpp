@@ -197,8 +197,9 @@ Store Store::open(const std::string& path, Mode mode) {
   if (exists && size == 0 && mode != Mode::create) throw StoreError(path + ": empty file, not a fusekit store");
   if (!fresh && !has_sqlite_header(path)) throw StoreError(path + ": not a fusekit store (not an SQLite file)");
 
-  int flags = mode == Mode::read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE;
-  if (mode == Mode::create && fresh) flags |= SQLITE_OPEN_CREATE;
+  // An existing file is validated through a read-only handle first: opening a foreign SQLite file
+  // (or one with a foreign WAL beside it) read-write could already change it.
+  const int flags = fresh ? SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE : SQLITE_OPEN_READONLY;
   sqlite3* raw = nullptr;
   int rc = sqlite3_open_v2(path.c_str(), &raw, flags, nullptr);
   Store store(path, raw);
@@ -242,18 +243,19 @@ Store Store::open(const std::string& path, Mode mode) {
                        std::to_string(kSchemaVersion));
     }
   }
-  if (mode != Mode::read_only) {
-    exec(raw, path, "PRAGMA journal_mode=WAL");
+  // Validated. Readers too go through a read-write handle where the file allows, so that the last
+  // close checkpoints the WAL and removes the -wal and -shm files instead of leaving them behind.
+  sqlite3* writable = nullptr;
+  rc = sqlite3_open_v2(path.c_str(), &writable, SQLITE_OPEN_READWRITE, nullptr);
+  if (rc == SQLITE_OK) {
+    sqlite3_busy_timeout(writable, 10000);
+    sqlite3_extended_result_codes(writable, 1);
+    store = Store(path, writable);
+    if (mode != Mode::read_only) exec(writable, path, "PRAGMA journal_mode=WAL");
   } else {
-    // Validated: read through a read-write handle where the file allows, so that the last close
-    // checkpoints the WAL and removes the -wal and -shm files instead of leaving them behind.
-    sqlite3* writable = nullptr;
-    if (sqlite3_open_v2(path.c_str(), &writable, SQLITE_OPEN_READWRITE, nullptr) == SQLITE_OK) {
-      sqlite3_busy_timeout(writable, 10000);
-      store = Store(path, writable);
-    } else {
-      sqlite3_close(writable);
-    }
+    const std::string why = writable ? sqlite3_errmsg(writable) : sqlite3_errstr(rc);
+    sqlite3_close(writable);
+    if (mode != Mode::read_only) throw StoreError(path + ": cannot open for writing: " + why);
   }
   return store;
 }

@@ -26,19 +26,35 @@ class Events {
   cudaEvent_t stop_ = nullptr;
 };
 
+// Undoes a step on every way out of a case, exceptions included: the tracer stopped, the case's
+// memory released, the stream destroyed.
+template <class F>
+class OnExit {
+ public:
+  explicit OnExit(F f) : f_(std::move(f)) {}
+  OnExit(const OnExit&) = delete;
+  OnExit& operator=(const OnExit&) = delete;
+  ~OnExit() { f_(); }
+
+ private:
+  F f_;
+};
+
 }  // namespace
 
 uint64_t run_cases(reports::Store& store, int64_t run, const std::vector<Case>& cases, const RunnerOptions& options) {
   profiler::CuptiTracer& tracer = profiler::CuptiTracer::instance();
   cudaStream_t stream = nullptr;
   FUSEKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  OnExit destroy_stream([stream] { cudaStreamDestroy(stream); });
   uint64_t dropped = 0;
   int rep_counter = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
-    if (!options.quiet) {
-      std::fprintf(stderr, "[%zu/%zu] %s [%s]\n", i + 1, cases.size(), c.info.name.c_str(), c.info.variant.c_str());
-    }
+    std::fprintf(stderr, "[%zu/%zu] %s [%s]\n", i + 1, cases.size(), c.info.name.c_str(), c.info.variant.c_str());
+    OnExit release([&c] {
+      if (c.release) c.release();
+    });
     if (c.setup) c.setup(stream);
     for (int r = 0; r < options.warmup; ++r) c.run(stream, rep_counter++);
     FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -61,6 +77,12 @@ uint64_t run_cases(reports::Store& store, int64_t run, const std::vector<Case>& 
 
     if (options.traced_repetitions > 0) {
       tracer.start();
+      OnExit stop_tracer([&tracer] {
+        try {
+          tracer.stop();
+        } catch (const std::exception&) {  // already unwinding from the first error
+        }
+      });
       {
         profiler::ScopedRange case_range(c.info.name + " [" + c.info.variant + "]");
         for (int r = 0; r < options.traced_repetitions; ++r) {
@@ -69,14 +91,12 @@ uint64_t run_cases(reports::Store& store, int64_t run, const std::vector<Case>& 
         }
         FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
       }
-      tracer.stop();
+      tracer.stop();  // before the flush; stop() is idempotent
       profiler::Trace trace = tracer.flush(false);
       dropped += trace.dropped_records;
       store.append_trace(run, trace);
     }
-    if (c.release) c.release();
   }
-  FUSEKIT_CUDA_CHECK(cudaStreamDestroy(stream));
   return dropped;
 }
 

@@ -33,7 +33,6 @@ struct RunnerOptions {
   int warmup = 10;
   int repetitions = 50;
   int traced_repetitions = 5;
-  bool quiet = false;
 };
 
 // Runs and records every case into `run` of `store`. Returns the number of dropped trace records.
