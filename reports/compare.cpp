@@ -7,28 +7,13 @@
 #include <stdexcept>
 #include <utility>
 
+#include "reports/markdown.h"
 #include "reports/terminal.h"
 
 namespace fusekit::reports {
 namespace {
-
-using CaseKey = std::pair<std::string, std::string>;  // (name, variant)
-
-std::string describe(const CaseKey& key) { return key.first + " [" + key.second + "]"; }
-
 double case_median_ns(const CaseResult& c) {
   return c.samples_ns.empty() ? c.median_ns : profiler::median(c.samples_ns);
-}
-
-std::map<CaseKey, const CaseResult*> index_cases(const std::vector<CaseResult>& cases, const char* which) {
-  std::map<CaseKey, const CaseResult*> index;
-  for (const CaseResult& c : cases) {
-    CaseKey key{c.info.name, c.info.variant};
-    if (!index.emplace(key, &c).second) {
-      throw std::invalid_argument(std::string("duplicate case in ") + which + ": " + describe(key));
-    }
-  }
-  return index;
 }
 
 CaseComparison make_comparison(const CaseResult& a, const CaseResult& b) {
@@ -143,43 +128,6 @@ std::string kernel_diff_table_text(const std::vector<KernelDiff>& diffs, size_t 
 
 std::string kernel_diff_table_markdown(const std::vector<KernelDiff>& diffs, size_t top) {
   return markdown_table(kernel_diff_rows(diffs, top, true), 8) + more_kernels_line(diffs, top);
-}
-
-std::string format_microseconds(double ns) {
-  if (std::isnan(ns)) return "-";
-  const double us = ns / 1e3;
-  const double magnitude = std::fabs(us);
-  return format_fixed(us, magnitude < 10 ? 3 : magnitude < 1000 ? 2 : 1);
-}
-
-std::string markdown_table(const std::vector<std::vector<std::string>>& rows, size_t left_from) {
-  std::string out;
-  for (size_t r = 0; r < rows.size(); ++r) {
-    out += "|";
-    for (const std::string& cell : rows[r]) out += " " + cell + " |";
-    out += "\n";
-    if (r == 0) {
-      out += "|";
-      for (size_t c = 0; c < rows[0].size(); ++c) out += c < left_from ? " ---: |" : " --- |";
-      out += "\n";
-    }
-  }
-  return out;
-}
-
-std::string markdown_code(const std::string& text) {
-  if (text.empty()) return "";
-  size_t longest_run = 0;
-  for (size_t i = 0, run = 0; i < text.size(); ++i) {
-    run = text[i] == '`' ? run + 1 : 0;
-    longest_run = std::max(longest_run, run);
-  }
-  std::string escaped;
-  for (char ch : text) escaped += ch == '|' ? std::string("\\|") : std::string(1, ch);
-  const std::string fence(longest_run + 1, '`');
-  // A code span strips one space from each end, which lets it begin or end with a backtick.
-  const std::string pad = longest_run > 0 ? " " : "";
-  return fence + pad + escaped + pad + fence;
 }
 
 }  // namespace fusekit::reports

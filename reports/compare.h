@@ -52,13 +52,4 @@ std::string kernel_diff_table_text(const std::vector<KernelDiff>& diffs,
 std::string kernel_diff_table_markdown(const std::vector<KernelDiff>& diffs,
                                        size_t top = std::numeric_limits<size_t>::max());
 
-// Shared with the gate's tables.
-// Nanoseconds as microseconds, with fewer decimals as the value grows (1.234, 123.46, 12345.7).
-std::string format_microseconds(double ns);
-// A GitHub Markdown table: the first row is the header; columns before `left_from` are right-aligned.
-// Cells are written as given, so callers escape them (markdown_code).
-std::string markdown_table(const std::vector<std::vector<std::string>>& rows, size_t left_from);
-// `text` as an inline code span that survives a table cell (kernel names hold '<', '|' and backticks).
-std::string markdown_code(const std::string& text);
-
 }  // namespace fusekit::reports

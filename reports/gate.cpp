@@ -10,11 +10,11 @@
 
 #include "profiler/summary.h"
 #include "reports/compare.h"
+#include "reports/markdown.h"
 #include "reports/terminal.h"
 
 namespace fusekit::reports {
 namespace {
-
 constexpr size_t kExactMaxSampleSize = 50;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 __extension__ using ArrangementCount = __int128;  // a GCC and Clang extension
@@ -44,21 +44,6 @@ double exact_lower_tail(size_t m, size_t n, size_t k) {
     if (u <= k) below += counts[u];
   }
   return static_cast<double>(below) / static_cast<double>(total);
-}
-
-using CaseKey = std::pair<std::string, std::string>;  // (name, variant)
-
-std::string describe(const CaseKey& key) { return key.first + " [" + key.second + "]"; }
-
-std::map<CaseKey, const CaseResult*> index_cases(const std::vector<CaseResult>& cases, const char* which) {
-  std::map<CaseKey, const CaseResult*> index;
-  for (const CaseResult& c : cases) {
-    CaseKey key{c.info.name, c.info.variant};
-    if (!index.emplace(key, &c).second) {
-      throw std::invalid_argument(std::string("run_gate: duplicate case in ") + which + ": " + describe(key));
-    }
-  }
-  return index;
 }
 
 std::string format_change(double change) {

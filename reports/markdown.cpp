@@ -34,6 +34,33 @@ std::string markdown_text(std::string_view text) {
   return out;
 }
 
+std::string markdown_table(const ReportTable& table) {
+  std::string out = "|";
+  for (const std::string& h : table.header) out += " " + markdown_text(h) + " |";
+  out += "\n|";
+  for (size_t c = 0; c < table.header.size(); ++c) out += c < table.text_from ? " ---: |" : " --- |";
+  out += "\n";
+  for (const auto& row : table.rows) {
+    out += "|";
+    for (size_t c = 0; c < row.size(); ++c)
+      out += " " + (c + 1 == row.size() ? markdown_code(row[c]) : markdown_text(row[c])) + " |";
+    out += "\n";
+  }
+  if (!table.note.empty()) out += "\n" + markdown_text(table.note) + "\n";
+  return out;
+}
+
+std::string traced(const profiler::RunTotals& t) {
+  if (t.wall_ns == 0) return "nothing";
+  return format_microseconds(static_cast<double>(t.wall_ns)) + " us wall, " +
+         format_microseconds(static_cast<double>(t.busy_ns)) + " us GPU busy (" + fixed(100 * t.idle_fraction, 1) +
+         " % idle); " + std::to_string(t.kernels) + " kernels, " + std::to_string(t.memcpys) + " copies (" +
+         std::to_string(t.memcpy_bytes) + " bytes), " + std::to_string(t.memsets) + " memsets, " +
+         std::to_string(t.api_calls) + " API calls, " + std::to_string(t.ranges) + " ranges";
+}
+
+}  // namespace
+
 // A code span that survives backticks in the text; '|' is escaped as GFM tables require, even in code.
 std::string markdown_code(std::string_view text) {
   std::string body = one_line(text);
@@ -53,36 +80,26 @@ std::string markdown_code(std::string_view text) {
   return fence + out + fence;
 }
 
-std::string markdown_table(const ReportTable& table) {
-  std::string out = "|";
-  for (const std::string& h : table.header) out += " " + markdown_text(h) + " |";
-  out += "\n|";
-  for (size_t c = 0; c < table.header.size(); ++c) out += c < table.text_from ? " ---: |" : " --- |";
-  out += "\n";
-  for (const auto& row : table.rows) {
+std::string markdown_table(const std::vector<std::vector<std::string>>& rows, size_t left_from) {
+  std::string out;
+  for (size_t r = 0; r < rows.size(); ++r) {
     out += "|";
-    for (size_t c = 0; c < row.size(); ++c)
-      out += " " + (c + 1 == row.size() ? markdown_code(row[c]) : markdown_text(row[c])) + " |";
+    for (const std::string& cell : rows[r]) out += " " + cell + " |";
     out += "\n";
+    if (r == 0) {
+      out += "|";
+      for (size_t c = 0; c < rows[0].size(); ++c) out += c < left_from ? " ---: |" : " --- |";
+      out += "\n";
+    }
   }
-  if (!table.note.empty()) out += "\n" + markdown_text(table.note) + "\n";
   return out;
 }
 
-std::string traced(const profiler::RunTotals& t) {
-  if (t.wall_ns == 0) return "nothing";
-  return format_us(static_cast<double>(t.wall_ns)) + " us wall, " + format_us(static_cast<double>(t.busy_ns)) +
-         " us GPU busy (" + fixed(100 * t.idle_fraction, 1) + " % idle); " + std::to_string(t.kernels) + " kernels, " +
-         std::to_string(t.memcpys) + " copies (" + std::to_string(t.memcpy_bytes) + " bytes), " +
-         std::to_string(t.memsets) + " memsets, " + std::to_string(t.api_calls) + " API calls, " +
-         std::to_string(t.ranges) + " ranges";
-}
-
-}  // namespace
-
-std::string format_us(double ns) {
+std::string format_microseconds(double ns) {
+  if (!std::isfinite(ns)) return "-";
   const double us = ns / 1e3;
-  return fixed(us, std::fabs(us) < 1e3 ? 3 : 1);
+  const double magnitude = std::fabs(us);
+  return fixed(us, magnitude < 10 ? 3 : magnitude < 1000 ? 2 : 1);
 }
 
 ReportTable case_table(const RunReport& report) {
@@ -94,7 +111,8 @@ ReportTable case_table(const RunReport& report) {
     return v ? fixed(*v * scale, decimals) + unit : std::string("-");
   };
   for (const CaseResult& c : report.cases) {
-    t.rows.push_back({format_us(c.median_ns), format_us(c.q1_ns) + "–" + format_us(c.q3_ns),
+    t.rows.push_back({format_microseconds(c.median_ns),
+                      format_microseconds(c.q1_ns) + "–" + format_microseconds(c.q3_ns),
                       std::to_string(c.samples_ns.size()), optional(c.speedup, 1, 2, "x"),
                       optional(c.bandwidth_bytes_per_s, 1e-9, 1), optional(c.bandwidth_percent, 1, 1),
                       optional(c.flops_per_s, 1e-12, 2), c.info.variant, c.info.name});
@@ -128,9 +146,10 @@ ReportTable range_table(const RunReport& report) {
   t.header = {"Wall (us)", "GPU busy (us)", "Idle (%)", "Instances", "Kernels", "Kernel time (us)", "Range"};
   t.text_from = 6;
   for (const profiler::RangeStats& r : report.ranges) {
-    t.rows.push_back({format_us(static_cast<double>(r.wall_ns)), format_us(static_cast<double>(r.busy_ns)),
-                      fixed(100 * r.idle_fraction, 1), std::to_string(r.instances), std::to_string(r.kernels),
-                      format_us(static_cast<double>(r.kernel_ns)), r.name});
+    t.rows.push_back({format_microseconds(static_cast<double>(r.wall_ns)),
+                      format_microseconds(static_cast<double>(r.busy_ns)), fixed(100 * r.idle_fraction, 1),
+                      std::to_string(r.instances), std::to_string(r.kernels),
+                      format_microseconds(static_cast<double>(r.kernel_ns)), r.name});
   }
   return t;
 }

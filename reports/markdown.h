@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -35,7 +36,16 @@ ReportTable range_table(const RunReport& report);
 // (field, value) pairs: run, status, times, commit, host, GPU, versions, command line, dropped records, totals.
 std::vector<std::pair<std::string, std::string>> run_metadata(const RunReport& report);
 
-// Microseconds from nanoseconds: 3 decimals below 1 ms, 1 above; "-" if not finite.
-std::string format_us(double ns);
+// Nanoseconds as microseconds, with fewer decimals as the value grows (1.234, 123.46, 12345.7); "-"
+// if not finite. Every report and table writes times this way.
+std::string format_microseconds(double ns);
+
+// `text` as an inline code span that survives a table cell: backticks in the text get a longer
+// fence, and '|' is escaped as GitHub tables require, even in code (kernel names hold '<', '|', '`').
+std::string markdown_code(std::string_view text);
+
+// A GitHub Markdown table of rows (the first is the header), cells written as given (callers escape
+// them); columns before `left_from` are right-aligned.
+std::string markdown_table(const std::vector<std::vector<std::string>>& rows, size_t left_from);
 
 }  // namespace fusekit::reports

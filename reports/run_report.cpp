@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <stdexcept>
 
 namespace fusekit::reports {
 
@@ -15,6 +16,18 @@ double quantile(std::vector<double> values, double q) {
   const size_t above = std::min(below + 1, values.size() - 1);
   const double fraction = position - static_cast<double>(below);
   return values[below] + fraction * (values[above] - values[below]);
+}
+
+std::string describe(const CaseKey& key) { return key.first + " [" + key.second + "]"; }
+
+std::map<CaseKey, const CaseResult*> index_cases(const std::vector<CaseResult>& cases, const std::string& which) {
+  std::map<CaseKey, const CaseResult*> index;
+  for (const CaseResult& c : cases) {
+    const CaseKey key{c.info.name, c.info.variant};
+    if (!index.emplace(key, &c).second)
+      throw std::invalid_argument("duplicate case in " + which + ": " + describe(key));
+  }
+  return index;
 }
 
 void derive_case_statistics(std::vector<CaseResult>& cases, double copy_ceiling_bytes_per_second) {

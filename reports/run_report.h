@@ -5,8 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "profiler/records.h"
@@ -68,6 +70,12 @@ struct RunReport {
   std::vector<profiler::RangeStats> ranges;
   profiler::RunTotals totals;
 };
+
+// A case is identified within a run by (name, variant).
+using CaseKey = std::pair<std::string, std::string>;
+std::string describe(const CaseKey& key);  // "name [variant]"
+// Cases by key; throws std::invalid_argument naming `which` ("run A", "baseline") on a duplicate.
+std::map<CaseKey, const CaseResult*> index_cases(const std::vector<CaseResult>& cases, const std::string& which);
 
 // Fills the derived fields of each case (median, quartiles, speedup, bandwidth) from its samples.
 void derive_case_statistics(std::vector<CaseResult>& cases, double copy_ceiling_bytes_per_second);

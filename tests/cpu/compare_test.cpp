@@ -5,6 +5,7 @@
 
 #include "profiler/summary.h"
 #include "reports/compare.h"
+#include "reports/markdown.h"
 
 namespace fusekit::reports {
 namespace {
