@@ -438,13 +438,6 @@ RunInfo read_run(const Statement& s) {
 }
 }  // namespace
 
-std::vector<RunInfo> Store::runs() const {
-  Statement s(db_, path_, (std::string(kRunColumns) + " ORDER BY id").c_str());
-  std::vector<RunInfo> out;
-  while (s.step()) out.push_back(read_run(s));
-  return out;
-}
-
 RunInfo Store::run(int64_t id) const {
   Statement s(db_, path_, (std::string(kRunColumns) + " WHERE id = ?").c_str());
   s.bind(1, id);

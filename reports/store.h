@@ -60,7 +60,6 @@ class Store {
   // One transaction: the case and all its samples.
   int64_t add_case(int64_t run, const CaseInfo& info, const std::vector<double>& samples_ns);
 
-  std::vector<RunInfo> runs() const;
   RunInfo run(int64_t id) const;  // throws StoreError if there is no such run
   int64_t latest_run() const;     // throws StoreError if the store has no run
   std::vector<GpuInfo> gpus(int64_t run) const;
