@@ -12,6 +12,7 @@
 // rows), so dgamma and dbeta accumulate in registers; each block writes one partial row and a second
 // kernel sums the partials. No atomics.
 #include "kernels/common.cuh"
+#include "kernels/launch.h"
 #include "kernels/layernorm.h"
 
 #include <algorithm>
@@ -309,16 +310,6 @@ __global__ void layernorm_parameter_gradient_kernel(const float* __restrict__ pa
 
 // ---- kernel launchers
 
-int multiprocessors() {
-  static int count = [] {
-    int device = 0, sms = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    return std::max(sms, 1);
-  }();
-  return count;
-}
-
 // A register configuration: TPR threads per row, NV vectors per thread.
 struct Config {
   int tpr;
@@ -360,22 +351,6 @@ bool dispatch_config(Config config, FN&& fn) {
 #undef FUSEKIT_LN_LANES
 #undef FUSEKIT_LN_CASE
   return false;
-}
-
-template <class T>
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
-// The vector width: 16 bytes where the row length and every pointer allow, else one element.
-template <class T>
-int vector_width(int C, std::initializer_list<const void*> pointers) {
-  constexpr int kVec = 16 / sizeof(T);
-  if (C % kVec != 0) return 1;
-  for (const void* p : pointers) {
-    if (!aligned16<T>(p)) return 1;
-  }
-  return kVec;
 }
 
 // Lanes-per-row kernels run 256 threads a block (up to 255 registers for the backward's accumulators;

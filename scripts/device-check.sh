@@ -1,42 +1,83 @@
 #!/usr/bin/env bash
-# The one call on the GPU machine: build everything (libtorch targets included), run every test
-# (GPU ones too), measure the tracing overhead, run the main job, and print a short table last.
-# Needs .deps/ from scripts/device-deps.sh. Writes logs and the store under $OUT (or out/device).
+# The calls on the GPU machine: build everything (libtorch targets included), then the stages named
+# on the command line (default: all of them), and a short table last.
+#   tests      every test, GPU ones one at a time
+#   sanitize   compute-sanitizer memcheck and racecheck on the operators' GPU tests (small shapes)
+#   overhead   the tracer's cost per kernel launch, and a PyTorch loop traced from outside
+#   suite      the main job (scripts/run.sh): the operator suite with its peers, and its reports
+# Needs .deps/ from scripts/device-deps.sh. Writes logs, stores and reports under $OUT (or out/device).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/out/device}"
 mkdir -p "$OUT"
 export BUILD_DIR="$ROOT/build-device"
 cd "$ROOT"
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(tests sanitize overhead suite)
+want() { [[ " ${stages[*]} " == *" $1 "* ]]; }
+summary=()
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader || true
 
+start=$SECONDS
 bash scripts/setup.sh >"$OUT/build.log" 2>&1
 build_rc=$?
-tail -n 5 "$OUT/build.log"
+summary+=("build: rc $build_rc in $((SECONDS - start)) s")
 [ $build_rc = 0 ] || { grep -B2 -A12 -E "error|Error" "$OUT/build.log" | head -80; exit 1; }
 
-# CPU tests in parallel; GPU tests one at a time, so no test's kernels share the GPU with another's.
-(cd "$BUILD_DIR" && ctest --output-on-failure -j 8 -LE gpu --timeout 300 &&
-  ctest --output-on-failure -j 1 -L gpu --timeout 300 -V) >"$OUT/ctest.log" 2>&1
-ctest_rc=$?
-grep -E "tests passed|Failed|\*\*\*|SKIPPED|Not Run" "$OUT/ctest.log" | head -40
-grep -E "total GPU kernel time|Skipped|SKIPPED" "$OUT/ctest.log" | head -5
+if want tests; then
+  start=$SECONDS
+  # CPU tests in parallel; GPU tests one at a time, so no test's kernels share the GPU with another's.
+  (cd "$BUILD_DIR" && ctest --output-on-failure -j 8 -LE gpu --timeout 300 &&
+    ctest --output-on-failure -j 1 -L gpu --timeout 300) >"$OUT/ctest.log" 2>&1
+  tests_rc=$?
+  grep -E "Failed|\*\*\*|Not Run" "$OUT/ctest.log" | head -40
+  grep -B5 -A25 -E "\[  FAILED  \]" "$OUT/ctest.log" | grep -E "Failure|Expected|Which is|error|FAILED|  Actual|value of" | head -60
+  summary+=("tests: rc $tests_rc in $((SECONDS - start)) s: $(grep -E 'tests passed' "$OUT/ctest.log" | tr '\n' ' ')")
+fi
 
-"$BUILD_DIR/tests/gpu/trace_overhead" | tee "$OUT/overhead.txt"
+if want sanitize; then
+  start=$SECONDS
+  sanitize_rc=0
+  for test in "$BUILD_DIR"/tests/gpu/*_test; do
+    name="$(basename "$test")"
+    case "$name" in tracer_test | trace_command_test | demo_test | *_torch_test) continue ;; esac
+    for tool in memcheck racecheck; do
+      # The small shapes: a sanitizer slows kernels down by orders of magnitude.
+      if ! compute-sanitizer --tool "$tool" --error-exitcode 9 "$test" --gtest_filter='*:-*1000000*:*million*:*Million*' \
+        >"$OUT/sanitize-$name-$tool.log" 2>&1; then
+        sanitize_rc=1
+        echo "sanitize: $name $tool FAILED"
+        grep -E "ERROR SUMMARY|Invalid|Race|FAILED" "$OUT/sanitize-$name-$tool.log" | head -8
+      fi
+      summary+=("sanitize $name $tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$name-$tool.log" | tail -1)")
+    done
+  done
+  cat "$OUT"/sanitize-*.log >"$OUT/sanitize.log" 2>/dev/null
+  rm -f "$OUT"/sanitize-*.log
+  summary+=("sanitize: rc $sanitize_rc in $((SECONDS - start)) s")
+fi
 
-# A PyTorch training loop traced from outside: what `fusekit trace` shows a user.
-FUSEKIT_TRACE_VERBOSE=1 "$BUILD_DIR/fusekit" trace --db "$OUT/torch_loop.db" --label "torch_train_loop.py" -- \
-  python3 tests/gpu/torch_train_loop.py --steps 30 2>&1 | tail -n 3
-"$BUILD_DIR/fusekit" summary --db "$OUT/torch_loop.db" --range train_loop --short-names --top 8 | cut -c1-160
+if want overhead; then
+  "$BUILD_DIR/tests/gpu/trace_overhead" | tee "$OUT/overhead.txt"
+  FUSEKIT_TRACE_VERBOSE=1 "$BUILD_DIR/fusekit" trace --db "$OUT/torch_loop.db" --label "torch_train_loop.py" -- \
+    python3 tests/gpu/torch_train_loop.py --steps 30 2>&1 | tail -n 3
+  "$BUILD_DIR/fusekit" summary --db "$OUT/torch_loop.db" --range train_loop --short-names --top 8 | cut -c1-160
+fi
 
-run_dir="$(mktemp -d)"
-OUT_DIR="$run_dir" bash scripts/run.sh >"$OUT/run.log" 2>&1
-run_rc=$?
-cp "$run_dir/fusekit.db" "$OUT/demo.db" 2>/dev/null
-cp "$run_dir/report.html" "$OUT/demo.html" 2>/dev/null
-tail -n 30 "$OUT/run.log"
+if want suite; then
+  start=$SECONDS
+  run_dir="$(mktemp -d)"
+  OUT_DIR="$run_dir" bash scripts/run.sh >"$OUT/run.log" 2>&1
+  suite_rc=$?
+  # The store travels compressed; the reports as they are.
+  xz -T8 -6 -c "$run_dir/fusekit.db" >"$OUT/ops.db.xz" 2>/dev/null
+  cp "$run_dir/report.html" "$OUT/ops.html" 2>/dev/null
+  cp "$run_dir/cases.csv" "$OUT/ops.csv" 2>/dev/null
+  cp "$run_dir/report.md" "$OUT/ops.md" 2>/dev/null
+  grep -E "^fusekit|Error|error" "$OUT/run.log" | tail -n 12
+  summary+=("suite: rc $suite_rc in $((SECONDS - start)) s")
+fi
 
 echo
-echo "== device check: build $build_rc, ctest $ctest_rc, run.sh $run_rc"
-grep -E "tests passed" "$OUT/ctest.log"
-[ $ctest_rc = 0 ] && [ $run_rc = 0 ]
+echo "== device check (${stages[*]})"
+printf '%s\n' "${summary[@]}"

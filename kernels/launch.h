@@ -1,0 +1,37 @@
+// Host-side helpers for choosing a launch: the SM count, and the vector width that the sizes and
+// the pointers allow.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+
+namespace fusekit::kernels {
+
+// SMs of the current device (asked once per process).
+inline int multiprocessors() {
+  static const int count = [] {
+    int device = 0, sms = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    return std::max(sms, 1);
+  }();
+  return count;
+}
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Elements of T per 16-byte vector where the row length and every pointer allow it, else 1.
+template <class T>
+int vector_width(long long row_length, std::initializer_list<const void*> pointers) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (row_length % kVec != 0) return 1;
+  for (const void* p : pointers) {
+    if (!aligned16(p)) return 1;
+  }
+  return kVec;
+}
+
+}  // namespace fusekit::kernels
