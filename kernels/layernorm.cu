@@ -22,23 +22,6 @@ namespace {
 
 // ---- CUDA kernels
 
-// How a block splits into row groups of TPR threads: TPR <= 32 is lanes of a warp per row (several
-// groups per block), larger TPR is the whole block on one row.
-template <int TPR>
-struct RowGroups {
-  static constexpr bool kLanesPerRow = TPR <= kWarpSize;
-  int count = kLanesPerRow ? blockDim.x / TPR : 1;              // row groups in the block
-  int index = kLanesPerRow ? threadIdx.x / TPR : 0;             // this thread's group
-  int thread = kLanesPerRow ? threadIdx.x % TPR : threadIdx.x;  // this thread within its group
-  // Sum over the thread's row group; every thread of the block must call it.
-  __device__ float sum(float v, float* scratch) const {
-    if constexpr (kLanesPerRow)
-      return lane_group_sum<TPR>(v);
-    else
-      return block_sum(v, scratch);
-  }
-};
-
 template <class T, int VEC, int NV, int TPR>
 __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     layernorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta,
@@ -309,16 +292,6 @@ __global__ void layernorm_parameter_gradient_kernel(const float* __restrict__ pa
 
 // ---- kernel launchers
 
-int multiprocessors() {
-  static int count = [] {
-    int device = 0, sms = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    return std::max(sms, 1);
-  }();
-  return count;
-}
-
 // A register configuration: TPR threads per row, NV vectors per thread.
 struct Config {
   int tpr;
@@ -360,22 +333,6 @@ bool dispatch_config(Config config, FN&& fn) {
 #undef FUSEKIT_LN_LANES
 #undef FUSEKIT_LN_CASE
   return false;
-}
-
-template <class T>
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
-// The vector width: 16 bytes where the row length and every pointer allow, else one element.
-template <class T>
-int vector_width(int C, std::initializer_list<const void*> pointers) {
-  constexpr int kVec = 16 / sizeof(T);
-  if (C % kVec != 0) return 1;
-  for (const void* p : pointers) {
-    if (!aligned16<T>(p)) return 1;
-  }
-  return kVec;
 }
 
 // Lanes-per-row kernels run 256 threads a block (up to 255 registers for the backward's accumulators;
