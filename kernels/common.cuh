@@ -1,5 +1,6 @@
-// Shared device helpers for fusekit's kernels: 16-byte vectors of the
-// storage type, conversions to and from float, and warp and block reductions.
+// Shared device helpers for fusekit's kernels: 16-byte vectors of the storage type, conversions to
+// and from float, warp and block reductions, row groups, and the host-side choices every launcher
+// makes (vector width, multiprocessor count).
 //
 // Storage types are float, __half and __nv_bfloat16; arithmetic is always in float registers.
 #pragma once
@@ -8,7 +9,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+
 #include "kernels/cuda_check.h"
+#include "kernels/launch.h"  // host-side launch choices
 
 namespace fusekit::kernels {
 
@@ -93,5 +99,50 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   v = lane < warps ? scratch[lane] : 0.f;
   return warp_sum(v);
 }
+
+// Maximum over aligned groups of LANES consecutive lanes, as lane_group_sum.
+template <int LANES>
+__device__ __forceinline__ float lane_group_max(float v) {
+#pragma unroll
+  for (int offset = LANES / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Maximum over the block, as block_sum.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int warps = ceil_div(blockDim.x, kWarpSize);
+  v = lane_group_max<kWarpSize>(v);
+  __syncthreads();  // scratch may still be read by an earlier call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : -INFINITY;
+  return lane_group_max<kWarpSize>(v);
+}
+
+// How a block splits into row groups of TPR threads, for kernels that keep a row in registers:
+// TPR <= 32 is lanes of a warp per row (several groups per block), larger TPR is the whole block on
+// one row.
+template <int TPR>
+struct RowGroups {
+  static constexpr bool kLanesPerRow = TPR <= kWarpSize;
+  int count = kLanesPerRow ? blockDim.x / TPR : 1;              // row groups in the block
+  int index = kLanesPerRow ? threadIdx.x / TPR : 0;             // this thread's group
+  int thread = kLanesPerRow ? threadIdx.x % TPR : threadIdx.x;  // this thread within its group
+  // Sum and maximum over the thread's row group; every thread of the block must call them.
+  __device__ float sum(float v, float* scratch) const {
+    if constexpr (kLanesPerRow)
+      return lane_group_sum<TPR>(v);
+    else
+      return block_sum(v, scratch);
+  }
+  __device__ float max(float v, float* scratch) const {
+    if constexpr (kLanesPerRow)
+      return lane_group_max<TPR>(v);
+    else
+      return block_max(v, scratch);
+  }
+};
 
 }  // namespace fusekit::kernels

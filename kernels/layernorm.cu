@@ -23,23 +23,6 @@ namespace {
 
 // ---- CUDA kernels
 
-// How a block splits into row groups of TPR threads: TPR <= 32 is lanes of a warp per row (several
-// groups per block), larger TPR is the whole block on one row.
-template <int TPR>
-struct RowGroups {
-  static constexpr bool kLanesPerRow = TPR <= kWarpSize;
-  int count = kLanesPerRow ? blockDim.x / TPR : 1;              // row groups in the block
-  int index = kLanesPerRow ? threadIdx.x / TPR : 0;             // this thread's group
-  int thread = kLanesPerRow ? threadIdx.x % TPR : threadIdx.x;  // this thread within its group
-  // Sum over the thread's row group; every thread of the block must call it.
-  __device__ float sum(float v, float* scratch) const {
-    if constexpr (kLanesPerRow)
-      return lane_group_sum<TPR>(v);
-    else
-      return block_sum(v, scratch);
-  }
-};
-
 template <class T, int VEC, int NV, int TPR>
 __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     layernorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta,

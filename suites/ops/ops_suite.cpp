@@ -16,6 +16,7 @@ const std::vector<OpDefinition>& ops() {
   static const std::vector<OpDefinition> all = {
       layernorm_op(),
       bias_gelu_op(),
+      softmax_op(),
   };
   return all;
 }

@@ -48,5 +48,6 @@ bool baselines_available();
 // One definition per operator file.
 OpDefinition layernorm_op();
 OpDefinition bias_gelu_op();
+OpDefinition softmax_op();
 
 }  // namespace fusekit::suites

@@ -1,0 +1,419 @@
+// Scale, mask and softmax forward and backward (see softmax.h for the math and layouts).
+//
+// Design: the row lives in registers, as in LayerNorm. A row group of TPR threads owns one row at a
+// time, each thread holding NV vectors of VEC elements (16 bytes where the key count and pointers
+// allow, else single elements): 4..32 lanes of a warp per row for rows up to 1024 elements of 16-bit
+// types (odd rows such as Swin's 49 keys take 8 lanes of 8 elements, so a warp works on 4 rows at
+// once), a block of 128..1024 threads per row beyond. Rows too long for registers take a looping
+// kernel that reads the row twice (correct for any length, slower).
+//
+// The masks become, per row, a key limit (padding, causal: keys at or past it are removed) and
+// pointers to the row's additive terms (bias). Removed keys are not read at all, so a padded or
+// causal forward reads only the scores it keeps. The exponentials run in base 2 on (z - max) * log2(e).
+#include <algorithm>
+#include <climits>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "kernels/common.cuh"
+#include "kernels/softmax.h"
+
+namespace fusekit::kernels {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// ---- CUDA kernels
+
+// One row's mask: keys at or past `limit` are removed; `bias` and `window` point at the row's
+// additive terms, or are null.
+template <class T>
+struct RowMask {
+  int limit;
+  const T* bias;
+  const T* window;
+};
+
+// The mask of every row, resolved per row from its (b, h, q).
+template <class T>
+struct Masking {
+  SoftmaxMask kind;
+  const int32_t* lengths;
+  const T* bias;
+  const T* window_mask;
+  int windows;
+  int heads;
+  int queries;
+  int keys;
+
+  __device__ RowMask<T> row(int row) const {
+    const int q = row % queries;
+    const int bh = row / queries;
+    RowMask<T> m{keys, nullptr, nullptr};
+    switch (kind) {
+      case SoftmaxMask::none:
+        break;
+      case SoftmaxMask::padding:
+        m.limit = min(max(lengths[bh / heads], 0), keys);
+        break;
+      case SoftmaxMask::causal:
+        m.limit = min(max(q + 1 + keys - queries, 0), keys);
+        break;
+      case SoftmaxMask::bias:
+        m.bias = bias + (static_cast<size_t>(bh % heads) * queries + q) * keys;
+        if (window_mask) m.window = window_mask + (static_cast<size_t>(bh / heads % windows) * queries + q) * keys;
+        break;
+    }
+    return m;
+  }
+};
+
+// The kept score of key c, for the looping kernels.
+template <class T>
+__device__ __forceinline__ float score(const T* xr, const RowMask<T>& m, int c, float scale) {
+  float z = scale * to_float(xr[c]);
+  if (m.bias) z += to_float(m.bias[c]);
+  if (m.window) z += to_float(m.window[c]);
+  return z;
+}
+
+constexpr int kLaneKernelThreads = 256;
+
+template <class T, int VEC, int NV, int TPR>
+__global__ void __launch_bounds__(TPR <= kWarpSize ? kLaneKernelThreads : TPR)
+    softmax_forward_kernel(const T* __restrict__ x, T* __restrict__ y, Masking<T> masking, float scale, int rows) {
+  __shared__ float scratch[kWarpSize];
+  using V = Vec<T, VEC>;
+  const RowGroups<TPR> rg;
+  const int groups = rg.count, group = rg.index, t = rg.thread;
+  const int keys = masking.keys;
+
+  // Every lane of a warp runs every iteration (its shuffles need the whole warp); a row group past
+  // the last row keeps no key and writes nothing.
+  for (int first = blockIdx.x * groups; first < rows; first += gridDim.x * groups) {
+    const int row = first + group;
+    const bool valid = row < rows;
+    const RowMask<T> m = valid ? masking.row(row) : RowMask<T>{0, nullptr, nullptr};
+    const T* xr = x + static_cast<size_t>(row) * keys;
+    float v[NV][VEC];
+    float high = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      if (c < m.limit) {
+        const V in = V::load_stream(xr + c);
+        V bias, window;
+        if (m.bias) bias = V::load(m.bias + c);
+        if (m.window) window = V::load(m.window + c);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          float z = scale * to_float(in.v[k]);
+          if (m.bias) z += to_float(bias.v[k]);
+          if (m.window) z += to_float(window.v[k]);
+          v[j][k] = c + k < m.limit ? z : -INFINITY;
+          high = fmaxf(high, v[j][k]);
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) v[j][k] = -INFINITY;
+      }
+    }
+    // A row with no key left has max -inf: shift by 0 instead, so every exponential is exp(-inf) = 0
+    // and the row writes zeros rather than NaN.
+    high = rg.max(high, scratch);
+    const float shift = high == -INFINITY ? 0.f : high;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        v[j][k] = exp2f((v[j][k] - shift) * kLog2e);
+        sum += v[j][k];
+      }
+    }
+    sum = rg.sum(sum, scratch);
+    const float inverse = sum > 0.f ? 1.f / sum : 0.f;
+    T* yr = y + static_cast<size_t>(row) * keys;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      if (valid && c < keys) {
+        V out;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>(v[j][k] * inverse);
+        out.store(yr + c);
+      }
+    }
+  }
+}
+
+// Any row length: a block per row. The first pass keeps a running maximum and the sum of
+// exponentials relative to it per thread (rescaled when the maximum grows); the block then
+// combines the threads' pairs, and the second pass re-reads the row to write y.
+template <class T>
+__global__ void softmax_forward_looping_kernel(const T* __restrict__ x, T* __restrict__ y, Masking<T> masking,
+                                               float scale, int rows) {
+  __shared__ float scratch[kWarpSize];
+  const int keys = masking.keys;
+  for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+    const RowMask<T> m = masking.row(row);
+    const T* xr = x + static_cast<size_t>(row) * keys;
+    float high = -INFINITY, sum = 0.f;
+    for (int c = threadIdx.x; c < m.limit; c += blockDim.x) {
+      const float z = score(xr, m, c, scale);
+      if (z > high) {
+        sum = sum * exp2f((high - z) * kLog2e) + 1.f;  // exp(-inf) = 0 clears the empty start
+        high = z;
+      } else if (high != -INFINITY) {
+        sum += exp2f((z - high) * kLog2e);
+      }
+    }
+    const float row_high = block_max(high, scratch);
+    const float shift = row_high == -INFINITY ? 0.f : row_high;
+    const float row_sum = block_sum(high == -INFINITY ? 0.f : sum * exp2f((high - shift) * kLog2e), scratch);
+    const float inverse = row_sum > 0.f ? 1.f / row_sum : 0.f;
+    T* yr = y + static_cast<size_t>(row) * keys;
+    for (int c = threadIdx.x; c < keys; c += blockDim.x) {
+      const float p = c < m.limit ? exp2f((score(xr, m, c, scale) - shift) * kLog2e) * inverse : 0.f;
+      yr[c] = from_float<T>(p);
+    }
+  }
+}
+
+template <class T, int VEC, int NV, int TPR>
+__global__ void __launch_bounds__(TPR <= kWarpSize ? kLaneKernelThreads : TPR)
+    softmax_backward_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, float scale,
+                            int rows, int keys) {
+  __shared__ float scratch[kWarpSize];
+  using V = Vec<T, VEC>;
+  const RowGroups<TPR> rg;
+  const int groups = rg.count, group = rg.index, t = rg.thread;
+  for (int first = blockIdx.x * groups; first < rows; first += gridDim.x * groups) {
+    const int row = first + group;
+    const bool valid = row < rows;  // as in the forward: the whole warp runs every iteration
+    const size_t offset = static_cast<size_t>(row) * keys;
+    // The row stays in registers in its storage type (half the registers of floats for 16-bit types).
+    V yv[NV], dyv[NV];
+    float dot = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      if (valid && c < keys) {
+        yv[j] = V::load_stream(y + offset + c);
+        dyv[j] = V::load_stream(dy + offset + c);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) dot += to_float(yv[j].v[k]) * to_float(dyv[j].v[k]);
+      }
+    }
+    dot = rg.sum(dot, scratch);
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      if (valid && c < keys) {
+        V out;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          out.v[k] = from_float<T>(scale * to_float(yv[j].v[k]) * (to_float(dyv[j].v[k]) - dot));
+        }
+        out.store(dx + offset + c);
+      }
+    }
+  }
+}
+
+// Any row length: a block per row, y and dy read twice.
+template <class T>
+__global__ void softmax_backward_looping_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx,
+                                                float scale, int rows, int keys) {
+  __shared__ float scratch[kWarpSize];
+  for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+    const size_t offset = static_cast<size_t>(row) * keys;
+    float dot = 0.f;
+    for (int c = threadIdx.x; c < keys; c += blockDim.x) dot += to_float(y[offset + c]) * to_float(dy[offset + c]);
+    dot = block_sum(dot, scratch);
+    for (int c = threadIdx.x; c < keys; c += blockDim.x) {
+      dx[offset + c] = from_float<T>(scale * to_float(y[offset + c]) * (to_float(dy[offset + c]) - dot));
+    }
+  }
+}
+
+// ---- kernel launchers
+
+// A register configuration: TPR threads per row, NV vectors per thread.
+struct Config {
+  int tpr;
+  int nv;
+};
+
+// The configuration that holds a row of `vectors` vectors of `vec` elements with few idle lanes:
+// 4..32 lanes per row with up to 4 vectors each (8 single elements each where vec is 1), else a
+// block per row with 4 vectors per thread, or 8 where max_block_nv allows; {0, 0} if none does.
+Config choose_config(int vectors, int vec, int max_block_nv) {
+  const int lane_nv = vec == 1 ? 8 : 4;
+  for (int tpr : {4, 8, 16, 32}) {
+    if (vectors <= tpr * lane_nv) {
+      const int nv = ceil_div(vectors, tpr);
+      return {tpr, nv > 4 ? 8 : nv};
+    }
+  }
+  for (int tpr : {128, 256, 512, 1024}) {
+    if (vectors <= tpr * 4) return {tpr, 4};
+  }
+  if (max_block_nv >= 8 && vectors <= 1024 * 8) return {1024, 8};
+  return {0, 0};
+}
+
+// Maps the configuration to the kernel template; FN is called with the compile-time TPR and NV.
+template <class FN>
+bool dispatch_config(Config config, FN&& fn) {
+#define FUSEKIT_SOFTMAX_CASE(TPR_, NV_)                                          \
+  if (config.tpr == TPR_ && config.nv == NV_) {                                  \
+    fn(std::integral_constant<int, TPR_>{}, std::integral_constant<int, NV_>{}); \
+    return true;                                                                 \
+  }
+#define FUSEKIT_SOFTMAX_LANES(TPR_)                                                         \
+  FUSEKIT_SOFTMAX_CASE(TPR_, 1)                                                             \
+  FUSEKIT_SOFTMAX_CASE(TPR_, 2) FUSEKIT_SOFTMAX_CASE(TPR_, 3) FUSEKIT_SOFTMAX_CASE(TPR_, 4) \
+      FUSEKIT_SOFTMAX_CASE(TPR_, 8)
+  FUSEKIT_SOFTMAX_LANES(4)
+  FUSEKIT_SOFTMAX_LANES(8)
+  FUSEKIT_SOFTMAX_LANES(16)
+  FUSEKIT_SOFTMAX_LANES(32)
+  FUSEKIT_SOFTMAX_CASE(128, 4)
+  FUSEKIT_SOFTMAX_CASE(256, 4)
+  FUSEKIT_SOFTMAX_CASE(512, 4)
+  FUSEKIT_SOFTMAX_CASE(1024, 4)
+  FUSEKIT_SOFTMAX_CASE(1024, 8)
+#undef FUSEKIT_SOFTMAX_LANES
+#undef FUSEKIT_SOFTMAX_CASE
+  return false;
+}
+
+// Whether a configuration exists as a kernel: 8 vectors per thread only where the registers hold
+// them (the forward keeps NV * VEC floats, the backward 2 * NV vectors of the storage type), and
+// for lanes per row only with single elements, as choose_config picks it.
+template <int VEC, int NV, int TPR>
+constexpr bool instantiated(bool backward) {
+  if constexpr (NV != 8) return true;
+  if (TPR <= kWarpSize) return VEC == 1;
+  return backward ? VEC == 1 : VEC * NV <= 32;
+}
+
+// Grid size: enough row groups for every row, at most 64 blocks per multiprocessor (the kernels
+// loop over rows).
+int grid_blocks(int rows, int rows_per_block) {
+  return std::max(1, std::min(ceil_div(rows, rows_per_block), 64 * multiprocessors()));
+}
+
+template <class T>
+void forward_typed(const T* x, T* y, const Masking<T>& masking, float scale, int rows, cudaStream_t stream) {
+  const int keys = masking.keys;
+  const int vec = vector_width<T>(keys, {x, y, masking.bias, masking.window_mask});
+  const int max_block_nv = 32 / vec >= 8 ? 8 : 4;
+  const Config config = choose_config(keys / vec, vec, max_block_nv);
+  auto launch = [&](auto vec_c) {
+    constexpr int VEC = decltype(vec_c)::value;
+    const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
+      constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
+      if constexpr (instantiated<VEC, NV, TPR>(false)) {
+        const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
+        softmax_forward_kernel<T, VEC, NV, TPR>
+            <<<grid_blocks(rows, threads / TPR), threads, 0, stream>>>(x, y, masking, scale, rows);
+      } else {
+        throw std::logic_error("softmax: no forward kernel for the chosen configuration");
+      }
+    });
+    if (!done) {
+      softmax_forward_looping_kernel<T><<<grid_blocks(rows, 1), 1024, 0, stream>>>(x, y, masking, scale, rows);
+    }
+  };
+  if (vec == 1)
+    launch(std::integral_constant<int, 1>{});
+  else
+    launch(std::integral_constant<int, 16 / sizeof(T)>{});
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T>
+void backward_typed(const T* y, const T* dy, T* dx, float scale, int rows, int keys, cudaStream_t stream) {
+  const int vec = vector_width<T>(keys, {y, dy, dx});
+  const Config config = choose_config(keys / vec, vec, vec == 1 ? 8 : 4);
+  auto launch = [&](auto vec_c) {
+    constexpr int VEC = decltype(vec_c)::value;
+    const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
+      constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
+      if constexpr (instantiated<VEC, NV, TPR>(true)) {
+        const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
+        softmax_backward_kernel<T, VEC, NV, TPR>
+            <<<grid_blocks(rows, threads / TPR), threads, 0, stream>>>(y, dy, dx, scale, rows, keys);
+      } else {
+        throw std::logic_error("softmax: no backward kernel for the chosen configuration");
+      }
+    });
+    if (!done) {
+      softmax_backward_looping_kernel<T><<<grid_blocks(rows, 1), 1024, 0, stream>>>(y, dy, dx, scale, rows, keys);
+    }
+  };
+  if (vec == 1)
+    launch(std::integral_constant<int, 1>{});
+  else
+    launch(std::integral_constant<int, 16 / sizeof(T)>{});
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+// Rows of the problem; throws std::invalid_argument for sizes it cannot take.
+int checked_rows(SoftmaxShape s) {
+  if (s.batch < 0 || s.heads <= 0 || s.queries <= 0 || s.keys <= 0) {
+    throw std::invalid_argument("softmax: batch must be >= 0 and heads, queries, keys > 0 (got " +
+                                std::to_string(s.batch) + "x" + std::to_string(s.heads) + "x" +
+                                std::to_string(s.queries) + "x" + std::to_string(s.keys) + ")");
+  }
+  const long long rows = static_cast<long long>(s.batch) * s.heads * s.queries;
+  if (rows > INT_MAX) {
+    throw std::invalid_argument("softmax: batch x heads x queries must be at most " + std::to_string(INT_MAX) +
+                                " rows (got " + std::to_string(rows) + ")");
+  }
+  return static_cast<int>(rows);
+}
+
+void check_masking(const SoftmaxMasking& m) {
+  if (m.kind == SoftmaxMask::padding && !m.lengths) {
+    throw std::invalid_argument("softmax: the padding mask needs lengths");
+  }
+  if (m.kind == SoftmaxMask::bias && !m.bias) throw std::invalid_argument("softmax: the bias mask needs a bias");
+  if (m.kind == SoftmaxMask::bias && m.window_mask && m.windows <= 0) {
+    throw std::invalid_argument("softmax: a window mask needs windows >= 1 (got " + std::to_string(m.windows) + ")");
+  }
+}
+
+}  // namespace
+
+void softmax_forward(DType dtype, const void* x, void* y, SoftmaxShape shape, float scale,
+                     const SoftmaxMasking& masking, cudaStream_t stream) {
+  const int rows = checked_rows(shape);
+  check_masking(masking);
+  if (rows == 0) return;
+  FUSEKIT_DTYPE_SWITCH(dtype, {
+    const bool bias = masking.kind == SoftmaxMask::bias;
+    const Masking<T> m{masking.kind,
+                       masking.lengths,
+                       bias ? static_cast<const T*>(masking.bias) : nullptr,
+                       bias ? static_cast<const T*>(masking.window_mask) : nullptr,
+                       std::max(masking.windows, 1),
+                       shape.heads,
+                       shape.queries,
+                       shape.keys};
+    forward_typed<T>(static_cast<const T*>(x), static_cast<T*>(y), m, scale, rows, stream);
+  })
+}
+
+void softmax_backward(DType dtype, const void* y, const void* dy, void* dx, SoftmaxShape shape, float scale,
+                      cudaStream_t stream) {
+  const int rows = checked_rows(shape);
+  if (rows == 0) return;
+  FUSEKIT_DTYPE_SWITCH(dtype, backward_typed<T>(static_cast<const T*>(y), static_cast<const T*>(dy),
+                                                static_cast<T*>(dx), scale, rows, shape.keys, stream))
+}
+
+}  // namespace fusekit::kernels
