@@ -71,6 +71,12 @@ def main() -> int:
               file=sys.stderr)
         return 1
 
+    # One compiled function per operator sees every shape, dtype and direction of the suite: raise
+    # Dynamo's recompile limits, which would otherwise fall back to eager silently after 8 variants.
+    for limit in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, limit):
+            setattr(torch._dynamo.config, limit, 4096)
+
     cases = []
     for op in args.ops.split(","):
         module = importlib.import_module(f"ops.{op}")
