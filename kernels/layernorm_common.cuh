@@ -1,0 +1,160 @@
+// The pieces that every row-normalizing kernel of fusekit shares (LayerNorm, and the fused
+// bias + dropout + residual + LayerNorm): how a block splits into row groups, which register
+// configuration holds a row, the vector width the pointers allow, and the second stage of the
+// parameter-gradient reduction.
+//
+// A row group of TPR threads owns one row at a time, each thread holding NV vectors of VEC elements:
+// TPR = 4..32 lanes of a warp per row (several rows per block), TPR = 128..1024 a block per row.
+// Thread t of a group holds the columns (j * TPR + t) * VEC .. + VEC - 1 for j < NV.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+#include "kernels/common.cuh"
+
+namespace fusekit::kernels::layernorm_rows {
+
+// How a block splits into row groups of TPR threads: TPR <= 32 is lanes of a warp per row (several
+// groups per block), larger TPR is the whole block on one row.
+template <int TPR>
+struct RowGroups {
+  static constexpr bool kLanesPerRow = TPR <= kWarpSize;
+  int count = kLanesPerRow ? blockDim.x / TPR : 1;              // row groups in the block
+  int index = kLanesPerRow ? threadIdx.x / TPR : 0;             // this thread's group
+  int thread = kLanesPerRow ? threadIdx.x % TPR : threadIdx.x;  // this thread within its group
+  // Sum over the thread's row group; every thread of the block must call it.
+  __device__ float sum(float v, float* scratch) const {
+    if constexpr (kLanesPerRow)
+      return lane_group_sum<TPR>(v);
+    else
+      return block_sum(v, scratch);
+  }
+};
+
+// Lanes-per-row kernels run 256 threads a block (up to 255 registers for the backward's accumulators;
+// 512-thread blocks, with half the partial rows, measured slower at BERT shapes).
+constexpr int kLaneKernelThreads = 256;
+
+inline int multiprocessors() {
+  static int count = [] {
+    int device = 0, sms = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    return std::max(sms, 1);
+  }();
+  return count;
+}
+
+// A register configuration: TPR threads per row, NV vectors per thread.
+struct Config {
+  int tpr;
+  int nv;
+};
+
+// The configuration that holds a row of `vectors` vectors with the fewest idle lanes: 4..32 lanes
+// per row with up to 4 vectors each, else a block per row; {0, 0} if none does.
+inline Config choose_config(int vectors, int max_nv) {
+  for (int tpr : {4, 8, 16, 32}) {
+    if (vectors <= tpr * 4) return {tpr, ceil_div(vectors, tpr)};
+  }
+  for (int tpr : {128, 256, 512, 1024}) {
+    if (vectors <= tpr * 4) return {tpr, 4};
+  }
+  if (max_nv >= 8 && vectors <= 1024 * 8) return {1024, 8};
+  return {0, 0};
+}
+
+// Maps the configuration to the kernel template; FN is called with the compile-time TPR and NV.
+// Every configuration is instantiated: FN skips those it has none for with `if constexpr`.
+template <class FN>
+bool dispatch_config(Config config, FN&& fn) {
+#define FUSEKIT_LN_CASE(TPR_, NV_)                                               \
+  if (config.tpr == TPR_ && config.nv == NV_) {                                  \
+    fn(std::integral_constant<int, TPR_>{}, std::integral_constant<int, NV_>{}); \
+    return true;                                                                 \
+  }
+#define FUSEKIT_LN_LANES(TPR_) \
+  FUSEKIT_LN_CASE(TPR_, 1) FUSEKIT_LN_CASE(TPR_, 2) FUSEKIT_LN_CASE(TPR_, 3) FUSEKIT_LN_CASE(TPR_, 4)
+  FUSEKIT_LN_LANES(4)
+  FUSEKIT_LN_LANES(8)
+  FUSEKIT_LN_LANES(16)
+  FUSEKIT_LN_LANES(32)
+  FUSEKIT_LN_CASE(128, 4)
+  FUSEKIT_LN_CASE(256, 4)
+  FUSEKIT_LN_CASE(512, 4)
+  FUSEKIT_LN_CASE(1024, 4)
+  FUSEKIT_LN_CASE(1024, 8)
+#undef FUSEKIT_LN_LANES
+#undef FUSEKIT_LN_CASE
+  return false;
+}
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The vector width: 16 bytes where the row length and every pointer allow, else one element.
+template <class T>
+int vector_width(int C, std::initializer_list<const void*> pointers) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (C % kVec != 0) return 1;
+  for (const void* p : pointers) {
+    if (p != nullptr && !aligned16(p)) return 1;
+  }
+  return kVec;
+}
+
+// Calls FN with the compile-time vector width: 1, or 16 bytes of T.
+template <class T, class FN>
+void dispatch_vector_width(int vec, FN&& fn) {
+  if (vec == 1)
+    fn(std::integral_constant<int, 1>{});
+  else
+    fn(std::integral_constant<int, 16 / sizeof(T)>{});
+}
+
+// The outputs of the second reduction stage: K parameter gradients of C columns each.
+template <class T, int K>
+struct ParameterGradients {
+  T* out[K];
+};
+
+// out[k][c] = sum_p partial[p][k][c]. A block of 32 columns x 32 slices of p; the slices meet in
+// shared memory. The first stage (the backward kernels) writes one partial row per block.
+template <class T, int K>
+__global__ void parameter_gradient_kernel(const float* __restrict__ partial, int parts, int C,
+                                          ParameterGradients<T, K> gradients) {
+  __shared__ float sums[K][kWarpSize][kWarpSize + 1];
+  const int c = blockIdx.x * kWarpSize + threadIdx.x;
+  float s[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) s[k] = 0.f;
+  if (c < C) {
+    for (int p = threadIdx.y; p < parts; p += blockDim.y) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) s[k] += partial[(static_cast<size_t>(p) * K + k) * C + c];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) sums[k][threadIdx.y][threadIdx.x] = s[k];
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    for (int i = 1; i < blockDim.y; ++i) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) s[k] += sums[k][i][threadIdx.x];
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) gradients.out[k][c] = from_float<T>(s[k]);
+  }
+}
+
+template <class T, int K>
+void launch_parameter_gradients(const float* partial, int parts, int C, ParameterGradients<T, K> gradients,
+                                cudaStream_t stream) {
+  const dim3 threads(kWarpSize, kWarpSize);
+  parameter_gradient_kernel<T, K><<<ceil_div(C, kWarpSize), threads, 0, stream>>>(partial, parts, C, gradients);
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace fusekit::kernels::layernorm_rows
