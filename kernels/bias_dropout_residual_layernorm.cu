@@ -349,6 +349,7 @@ __global__ void bias_dropout_residual_layernorm_backward_looping_kernel(const Ba
   const int C = a.C;
   float* block_partial = a.partial + static_cast<size_t>(blockIdx.x) * 3 * C;
   for (int c = threadIdx.x; c < 3 * C; c += blockDim.x) block_partial[c] = 0.f;
+  __syncthreads();  // another thread may have zeroed the entries this one accumulates
   for (int row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const size_t base = static_cast<size_t>(row) * C;
     const float mu = a.mean[row], rs = a.rstd[row];

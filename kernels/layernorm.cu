@@ -244,6 +244,7 @@ __global__ void layernorm_backward_looping_kernel(const T* __restrict__ dy, cons
   __shared__ float scratch[kWarpSize];
   float* block_partial = partial + static_cast<size_t>(blockIdx.x) * 2 * C;
   for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) block_partial[c] = 0.f;
+  __syncthreads();  // another thread may have zeroed the entries this one accumulates
   for (int row = blockIdx.x; row < rows; row += gridDim.x) {
     const size_t offset = static_cast<size_t>(row) * C;
     const float mu = mean[row], rs = rstd[row];
