@@ -8,7 +8,8 @@
 // h in post-LN is bit for bit the forward's. The backward keeps each thread's columns fixed across
 // its rows, so dgamma, dbeta and dbias accumulate in registers; each block writes one partial row of
 // each and a second kernel sums the partials. No atomics. Rows too long for the register
-// configurations take looping kernels that recompute h per pass (correct for any length, slower).
+// configurations (forward: 4096 vectors; backward: 1024, i.e. 8192 16-bit or 4096 float columns)
+// take looping kernels that recompute h per pass (correct for any length, slower).
 #include "kernels/bias_dropout_residual_layernorm.h"
 #include "kernels/layernorm_common.cuh"
 #include "kernels/philox.cuh"
