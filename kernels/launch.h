@@ -24,12 +24,13 @@ inline int multiprocessors() {
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Elements of T per 16-byte vector where the row length and every pointer allow it, else 1.
+// Null pointers (optional operands) do not count.
 template <class T>
 int vector_width(long long row_length, std::initializer_list<const void*> pointers) {
   constexpr int kVec = 16 / sizeof(T);
   if (row_length % kVec != 0) return 1;
   for (const void* p : pointers) {
-    if (!aligned16(p)) return 1;
+    if (p != nullptr && !aligned16(p)) return 1;
   }
   return kVec;
 }

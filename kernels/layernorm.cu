@@ -11,15 +11,17 @@
 // The backward keeps each thread's columns fixed across the rows it visits (a grid-stride loop over
 // rows), so dgamma and dbeta accumulate in registers; each block writes one partial row and a second
 // kernel sums the partials. No atomics.
-#include "kernels/common.cuh"
-#include "kernels/launch.h"
 #include "kernels/layernorm.h"
+#include "kernels/layernorm_common.cuh"
 
 #include <algorithm>
-#include <cstdint>
+#include <stdexcept>
+#include <string>
 
 namespace fusekit::kernels {
 namespace {
+
+using namespace layernorm_rows;
 
 // ---- CUDA kernels
 
@@ -242,6 +244,7 @@ __global__ void layernorm_backward_looping_kernel(const T* __restrict__ dy, cons
   __shared__ float scratch[kWarpSize];
   float* block_partial = partial + static_cast<size_t>(blockIdx.x) * 2 * C;
   for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) block_partial[c] = 0.f;
+  __syncthreads();  // another thread may have zeroed the entries this one accumulates
   for (int row = blockIdx.x; row < rows; row += gridDim.x) {
     const size_t offset = static_cast<size_t>(row) * C;
     const float mu = mean[row], rs = rstd[row];
@@ -264,81 +267,7 @@ __global__ void layernorm_backward_looping_kernel(const T* __restrict__ dy, cons
   }
 }
 
-// dgamma[c] = sum_p partial[p][0][c], dbeta[c] = sum_p partial[p][1][c]. A block of 32 columns x 32
-// slices of p; the slices meet in shared memory.
-template <class T>
-__global__ void layernorm_parameter_gradient_kernel(const float* __restrict__ partial, int parts, int C,
-                                                    T* __restrict__ dgamma, T* __restrict__ dbeta) {
-  __shared__ float sums[2][kWarpSize][kWarpSize + 1];
-  const int c = blockIdx.x * kWarpSize + threadIdx.x;
-  float sg = 0.f, sb = 0.f;
-  if (c < C) {
-    for (int p = threadIdx.y; p < parts; p += blockDim.y) {
-      sg += partial[static_cast<size_t>(p) * 2 * C + c];
-      sb += partial[static_cast<size_t>(p) * 2 * C + C + c];
-    }
-  }
-  sums[0][threadIdx.y][threadIdx.x] = sg;
-  sums[1][threadIdx.y][threadIdx.x] = sb;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    for (int i = 1; i < blockDim.y; ++i) {
-      sg += sums[0][i][threadIdx.x];
-      sb += sums[1][i][threadIdx.x];
-    }
-    dgamma[c] = from_float<T>(sg);
-    dbeta[c] = from_float<T>(sb);
-  }
-}
-
 // ---- kernel launchers
-
-// A register configuration: TPR threads per row, NV vectors per thread.
-struct Config {
-  int tpr;
-  int nv;
-};
-
-// The configuration that holds a row of `vectors` vectors with the fewest idle lanes: 4..32 lanes
-// per row with up to 4 vectors each, else a block per row; {0, 0} if none does.
-Config choose_config(int vectors, int max_nv) {
-  for (int tpr : {4, 8, 16, 32}) {
-    if (vectors <= tpr * 4) return {tpr, ceil_div(vectors, tpr)};
-  }
-  for (int tpr : {128, 256, 512, 1024}) {
-    if (vectors <= tpr * 4) return {tpr, 4};
-  }
-  if (max_nv >= 8 && vectors <= 1024 * 8) return {1024, 8};
-  return {0, 0};
-}
-
-// Maps the configuration to the kernel template; FN is called with the compile-time TPR and NV.
-template <class FN>
-bool dispatch_config(Config config, FN&& fn) {
-#define FUSEKIT_LN_CASE(TPR_, NV_)                                               \
-  if (config.tpr == TPR_ && config.nv == NV_) {                                  \
-    fn(std::integral_constant<int, TPR_>{}, std::integral_constant<int, NV_>{}); \
-    return true;                                                                 \
-  }
-#define FUSEKIT_LN_LANES(TPR_) \
-  FUSEKIT_LN_CASE(TPR_, 1) FUSEKIT_LN_CASE(TPR_, 2) FUSEKIT_LN_CASE(TPR_, 3) FUSEKIT_LN_CASE(TPR_, 4)
-  FUSEKIT_LN_LANES(4)
-  FUSEKIT_LN_LANES(8)
-  FUSEKIT_LN_LANES(16)
-  FUSEKIT_LN_LANES(32)
-  FUSEKIT_LN_CASE(128, 4)
-  FUSEKIT_LN_CASE(256, 4)
-  FUSEKIT_LN_CASE(512, 4)
-  FUSEKIT_LN_CASE(1024, 4)
-  FUSEKIT_LN_CASE(1024, 8)
-#undef FUSEKIT_LN_LANES
-#undef FUSEKIT_LN_CASE
-  return false;
-}
-
-// Lanes-per-row kernels run 256 threads a block (up to 255 registers for the backward's accumulators;
-// 512-thread blocks, with half the partial rows, measured slower at BERT shapes).
-constexpr int kLaneKernelThreads = 256;
 
 // Blocks of the backward grid, hence partial rows: three per multiprocessor (no more than rows).
 int backward_blocks(int rows) { return std::max(1, std::min(rows, 3 * multiprocessors())); }
@@ -363,10 +292,7 @@ void forward_typed(const T* x, const T* gamma, const T* beta, T* y, float* mean,
       layernorm_forward_looping_kernel<T><<<blocks, 1024, 0, stream>>>(x, gamma, beta, y, mean, rstd, rows, C, eps);
     }
   };
-  if (vec == 1)
-    launch(std::integral_constant<int, 1>{});
-  else
-    launch(std::integral_constant<int, 16 / sizeof(T)>{});
+  dispatch_vector_width<T>(vec, launch);
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -395,15 +321,9 @@ void backward_typed(const T* dy, const T* x, const T* gamma, const float* mean, 
       layernorm_backward_looping_kernel<T><<<blocks, 1024, 0, stream>>>(dy, x, gamma, mean, rstd, dx, partial, rows, C);
     }
   };
-  if (vec == 1)
-    launch(std::integral_constant<int, 1>{});
-  else
-    launch(std::integral_constant<int, 16 / sizeof(T)>{});
+  dispatch_vector_width<T>(vec, launch);
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
-  const dim3 threads(kWarpSize, kWarpSize);
-  layernorm_parameter_gradient_kernel<T>
-      <<<ceil_div(C, kWarpSize), threads, 0, stream>>>(partial, blocks, C, dgamma, dbeta);
-  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+  launch_parameter_gradients<T, 2>(partial, blocks, C, {{dgamma, dbeta}}, stream);
 }
 
 void check_sizes(int rows, int C) {

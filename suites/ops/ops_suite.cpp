@@ -17,6 +17,7 @@ const std::vector<OpDefinition>& ops() {
       layernorm_op(),
       bias_gelu_op(),
       softmax_op(),
+      bias_dropout_residual_layernorm_op(),
   };
   return all;
 }

@@ -49,5 +49,6 @@ bool baselines_available();
 OpDefinition layernorm_op();
 OpDefinition bias_gelu_op();
 OpDefinition softmax_op();
+OpDefinition bias_dropout_residual_layernorm_op();
 
 }  // namespace fusekit::suites

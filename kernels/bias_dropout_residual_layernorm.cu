@@ -1,0 +1,580 @@
+// Bias + dropout + residual + LayerNorm forward and backward (see bias_dropout_residual_layernorm.h
+// for the math, the two orders and the layouts).
+//
+// Design: LayerNorm's kernels (layernorm.cu) with the epilogue folded into their loads. The row lives
+// in registers in the configurations of layernorm_common.cuh; a thread draws the dropout words of its
+// own vectors (one Philox call per 4 elements), so the mask costs arithmetic, never memory. h is
+// formed in float with rounded operations (no FMA contraction), so the backward's recomputation of
+// h in post-LN is bit for bit the forward's. The backward keeps each thread's columns fixed across
+// its rows, so dgamma, dbeta and dbias accumulate in registers; each block writes one partial row of
+// each and a second kernel sums the partials. No atomics. Rows too long for the register
+// configurations (forward: 4096 vectors; backward: 1024, i.e. 8192 16-bit or 4096 float columns)
+// take looping kernels that recompute h per pass (correct for any length, slower).
+#include "kernels/bias_dropout_residual_layernorm.h"
+#include "kernels/layernorm_common.cuh"
+#include "kernels/philox.cuh"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace fusekit::kernels {
+namespace {
+
+using namespace layernorm_rows;
+
+// The dropout of one call, as the kernels see it.
+struct DropoutStream {
+  uint64_t seed;
+  uint64_t offset;
+  uint32_t threshold;  // words below it are dropped (dropout_threshold)
+  float scale;         // 1 / (1 - p)
+  bool dropping;       // p > 0: draw words; otherwise every element is kept with multiplier 1
+
+  // Kept flags of N elements from `first` (bit k: element first + k).
+  template <int N>
+  __device__ __forceinline__ uint32_t kept_bits(uint64_t first) const {
+    return dropping ? dropout_kept_bits<N>(seed, offset, first, threshold) : 0xFFFFFFFFu;
+  }
+  __device__ __forceinline__ float multiplier(uint32_t bits, int k) const { return (bits >> k) & 1u ? scale : 0.f; }
+};
+
+// h = residual + (x + bias) * m with rounded operations: the forward and the backward's
+// recomputation must agree to the bit.
+__device__ __forceinline__ float residual_sum(float x, float bias, float residual, float m) {
+  return __fadd_rn(residual, __fmul_rn(__fadd_rn(x, bias), m));
+}
+
+template <class T>
+struct ForwardArgs {
+  const T* x;
+  const T* bias;
+  const T* residual;
+  const T* gamma;
+  const T* beta;
+  T* h;  // written in pre-LN
+  T* y;
+  float* mean;
+  float* rstd;
+  int rows;
+  int C;
+  float eps;
+  bool pre_ln;
+  DropoutStream dropout;
+};
+
+template <class T>
+struct BackwardArgs {
+  const T* dy;
+  const T* dh_extra;  // pre-LN, may be null
+  const T* h;         // pre-LN
+  const T* x;         // post-LN
+  const T* bias;      // post-LN
+  const T* residual;  // post-LN
+  const T* gamma;
+  const float* mean;
+  const float* rstd;
+  T* dx;
+  T* dresidual;
+  float* partial;  // [gridDim.x][3][C]: per block, sums of dy * xhat (dgamma), dy (dbeta), dx (dbias)
+  int rows;
+  int C;
+  bool pre_ln;
+  DropoutStream dropout;
+};
+
+// ---- CUDA kernels
+
+template <class T, int VEC, int NV, int TPR>
+__global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
+    bias_dropout_residual_layernorm_forward_kernel(const ForwardArgs<T> a) {
+  __shared__ float scratch[kWarpSize];
+  using V = Vec<T, VEC>;
+  const RowGroups<TPR> rg;
+  const int groups = rg.count, group = rg.index, t = rg.thread;
+  auto reduce = [&](float v) { return rg.sum(v, scratch); };
+  const int C = a.C;
+
+  // Every lane of a warp runs every iteration (its shuffles need the whole warp); a row group past
+  // the last row computes on zeros and writes nothing.
+  for (int first = blockIdx.x * groups; first < a.rows; first += gridDim.x * groups) {
+    const int row = first + group;
+    const bool valid = row < a.rows;
+    const size_t base = static_cast<size_t>(row) * C;
+    float v[NV][VEC];
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      if (valid && c < C) {
+        const V xv = V::load_stream(a.x + base + c), rv = V::load_stream(a.residual + base + c);
+        const V bv = V::load(a.bias + c);
+        const uint32_t kept = a.dropout.template kept_bits<VEC>(base + c);
+        V hv;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          float h =
+              residual_sum(to_float(xv.v[k]), to_float(bv.v[k]), to_float(rv.v[k]), a.dropout.multiplier(kept, k));
+          if (a.pre_ln) {  // normalize the h that is written
+            hv.v[k] = from_float<T>(h);
+            h = to_float(hv.v[k]);
+          }
+          v[j][k] = h;
+          sum += h;
+        }
+        if (a.pre_ln) hv.store(a.h + base + c);
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) v[j][k] = 0.f;
+      }
+    }
+    const float mu = reduce(sum) / C;
+    float squares = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      if (valid && (j * TPR + t) * VEC < C) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) squares += (v[j][k] - mu) * (v[j][k] - mu);
+      }
+    }
+    const float rs = rsqrtf(reduce(squares) / C + a.eps);
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      if (valid && c < C) {
+        const V g = V::load(a.gamma + c), b = V::load(a.beta + c);
+        V out;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k)
+          out.v[k] = from_float<T>((v[j][k] - mu) * rs * to_float(g.v[k]) + to_float(b.v[k]));
+        out.store(a.y + base + c);
+      }
+    }
+    if (valid && t == 0) {
+      a.mean[row] = mu;
+      a.rstd[row] = rs;
+    }
+  }
+}
+
+// Element c of row `base`'s h, recomputed (post-LN, or pre-LN before h is written).
+template <class T>
+__device__ __forceinline__ float recompute_h(const T* x, const T* bias, const T* residual, const DropoutStream& dropout,
+                                             size_t base, int c) {
+  const float m = dropout.multiplier(dropout.template kept_bits<1>(base + c), 0);
+  return residual_sum(to_float(x[base + c]), to_float(bias[c]), to_float(residual[base + c]), m);
+}
+
+// Any row length: a block per row. Pass one forms h (and writes it in pre-LN); the later passes
+// read it back (pre-LN: this thread's own writes) or recompute it.
+template <class T>
+__global__ void bias_dropout_residual_layernorm_forward_looping_kernel(const ForwardArgs<T> a) {
+  __shared__ float scratch[kWarpSize];
+  const int C = a.C;
+  for (int row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    const size_t base = static_cast<size_t>(row) * C;
+    auto h_at = [&](int c) {
+      return a.pre_ln ? to_float(a.h[base + c]) : recompute_h(a.x, a.bias, a.residual, a.dropout, base, c);
+    };
+    float sum = 0.f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      float h = recompute_h(a.x, a.bias, a.residual, a.dropout, base, c);
+      if (a.pre_ln) {
+        a.h[base + c] = from_float<T>(h);
+        h = to_float(a.h[base + c]);
+      }
+      sum += h;
+    }
+    const float mu = block_sum(sum, scratch) / C;
+    float squares = 0.f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) squares += (h_at(c) - mu) * (h_at(c) - mu);
+    const float rs = rsqrtf(block_sum(squares, scratch) / C + a.eps);
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+      a.y[base + c] = from_float<T>((h_at(c) - mu) * rs * to_float(a.gamma[c]) + to_float(a.beta[c]));
+    if (threadIdx.x == 0) {
+      a.mean[row] = mu;
+      a.rstd[row] = rs;
+    }
+  }
+}
+
+template <class T, int VEC, int NV, int TPR>
+__global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
+    bias_dropout_residual_layernorm_backward_kernel(const BackwardArgs<T> a) {
+  __shared__ float scratch[kWarpSize];
+  extern __shared__ float warp_partial[];  // lanes per row: [warps][3][C], combined before the write
+  using V = Vec<T, VEC>;
+  constexpr bool kWarpPerRow = RowGroups<TPR>::kLanesPerRow;
+  const RowGroups<TPR> rg;
+  const int groups = rg.count, group = rg.index, t = rg.thread;
+  auto reduce = [&](float v) { return rg.sum(v, scratch); };
+  const int C = a.C;
+  const bool has_extra = a.dh_extra != nullptr;
+
+  float dgamma[NV][VEC], dbeta[NV][VEC], dbias[NV][VEC];
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) dgamma[j][k] = dbeta[j][k] = dbias[j][k] = 0.f;
+  }
+  for (int first = blockIdx.x * groups; first < a.rows; first += gridDim.x * groups) {
+    const int row = first + group;
+    const bool valid = row < a.rows;  // as in the forward: the whole warp runs every iteration
+    const size_t base = static_cast<size_t>(row) * C;
+    const float mu = valid ? a.mean[row] : 0.f, rs = valid ? a.rstd[row] : 0.f;
+    // h in float (post-LN recomputes it in float, as the forward normalized it), dy in its storage
+    // type, the kept flags as bits; xhat and g are recomputed in the second pass rather than kept.
+    float hv[NV][VEC];
+    V dyv[NV];
+    uint32_t kept[NV];
+    float sum_g = 0.f, sum_gx = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      kept[j] = 0;
+      if (valid && c < C) {
+        kept[j] = a.dropout.template kept_bits<VEC>(base + c);
+        if (a.pre_ln) {
+          const V in = V::load_stream(a.h + base + c);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) hv[j][k] = to_float(in.v[k]);
+        } else {
+          const V xv = V::load_stream(a.x + base + c), rv = V::load_stream(a.residual + base + c);
+          const V bv = V::load(a.bias + c);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k)
+            hv[j][k] =
+                residual_sum(to_float(xv.v[k]), to_float(bv.v[k]), to_float(rv.v[k]), a.dropout.multiplier(kept[j], k));
+        }
+        dyv[j] = V::load_stream(a.dy + base + c);
+        const V gv = V::load(a.gamma + c);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float d = to_float(dyv[j].v[k]);
+          const float xhat = (hv[j][k] - mu) * rs;
+          // Rounded products (no FMA contraction), so both passes see the same g: for one column,
+          // g - mean(g) is then exactly 0, as it must be.
+          const float g = __fmul_rn(d, to_float(gv.v[k]));
+          sum_g += g;
+          sum_gx += g * xhat;
+          dgamma[j][k] += d * xhat;
+          dbeta[j][k] += d;
+        }
+      }
+    }
+    const float mean_g = reduce(sum_g) / C;
+    const float mean_gx = reduce(sum_gx) / C;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      if (valid && c < C) {
+        const V gv = V::load(a.gamma + c);
+        V extra;
+        if (has_extra) extra = V::load_stream(a.dh_extra + base + c);
+        V dres, dxo;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float xhat = (hv[j][k] - mu) * rs;
+          const float g = __fmul_rn(to_float(dyv[j].v[k]), to_float(gv.v[k]));
+          float dh = rs * (g - mean_g - xhat * mean_gx);
+          if (has_extra) dh += to_float(extra.v[k]);
+          const float d = dh * a.dropout.multiplier(kept[j], k);
+          dbias[j][k] += d;
+          dres.v[k] = from_float<T>(dh);
+          dxo.v[k] = from_float<T>(d);
+        }
+        dres.store(a.dresidual + base + c);
+        dxo.store(a.dx + base + c);
+      }
+    }
+  }
+
+  float* block_partial = a.partial + static_cast<size_t>(blockIdx.x) * 3 * C;
+  if constexpr (!kWarpPerRow) {
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      if (c < C) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          block_partial[c + k] = dgamma[j][k];
+          block_partial[C + c + k] = dbeta[j][k];
+          block_partial[2 * C + c + k] = dbias[j][k];
+        }
+      }
+    }
+  } else {
+    // The row groups of a warp hold the same columns: sum across them with shuffles, then across
+    // the block's warps in shared memory.
+    const int warp = threadIdx.x / kWarpSize, warps = blockDim.x / kWarpSize;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+#pragma unroll
+        for (int offset = TPR; offset < kWarpSize; offset *= 2) {
+          dgamma[j][k] += __shfl_xor_sync(0xffffffffu, dgamma[j][k], offset);
+          dbeta[j][k] += __shfl_xor_sync(0xffffffffu, dbeta[j][k], offset);
+          dbias[j][k] += __shfl_xor_sync(0xffffffffu, dbias[j][k], offset);
+        }
+      }
+    }
+    if (threadIdx.x % kWarpSize < TPR) {
+#pragma unroll
+      for (int j = 0; j < NV; ++j) {
+        const int c = (j * TPR + t) * VEC;
+        if (c < C) {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            warp_partial[(warp * 3) * C + c + k] = dgamma[j][k];
+            warp_partial[(warp * 3 + 1) * C + c + k] = dbeta[j][k];
+            warp_partial[(warp * 3 + 2) * C + c + k] = dbias[j][k];
+          }
+        }
+      }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 3 * C; i += blockDim.x) {
+      float s = 0.f;
+      for (int w = 0; w < warps; ++w) s += warp_partial[w * 3 * C + i];
+      block_partial[i] = s;
+    }
+  }
+}
+
+// Any row length: a block per row; the block's partial rows accumulate in global memory, which only
+// this block touches (each column has one owner thread, in every row).
+template <class T>
+__global__ void bias_dropout_residual_layernorm_backward_looping_kernel(const BackwardArgs<T> a) {
+  __shared__ float scratch[kWarpSize];
+  const int C = a.C;
+  float* block_partial = a.partial + static_cast<size_t>(blockIdx.x) * 3 * C;
+  for (int c = threadIdx.x; c < 3 * C; c += blockDim.x) block_partial[c] = 0.f;
+  __syncthreads();  // another thread may have zeroed the entries this one accumulates
+  for (int row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    const size_t base = static_cast<size_t>(row) * C;
+    const float mu = a.mean[row], rs = a.rstd[row];
+    auto h_at = [&](int c) {
+      return a.pre_ln ? to_float(a.h[base + c]) : recompute_h(a.x, a.bias, a.residual, a.dropout, base, c);
+    };
+    float sum_g = 0.f, sum_gx = 0.f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      const float d = to_float(a.dy[base + c]), xhat = (h_at(c) - mu) * rs;
+      const float g = __fmul_rn(d, to_float(a.gamma[c]));
+      sum_g += g;
+      sum_gx += g * xhat;
+      block_partial[c] += d * xhat;
+      block_partial[C + c] += d;
+    }
+    const float mean_g = block_sum(sum_g, scratch) / C;
+    const float mean_gx = block_sum(sum_gx, scratch) / C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      const float xhat = (h_at(c) - mu) * rs;
+      const float g = __fmul_rn(to_float(a.dy[base + c]), to_float(a.gamma[c]));
+      float dh = rs * (g - mean_g - xhat * mean_gx);
+      if (a.dh_extra != nullptr) dh += to_float(a.dh_extra[base + c]);
+      const float d = dh * a.dropout.multiplier(a.dropout.template kept_bits<1>(base + c), 0);
+      block_partial[2 * C + c] += d;
+      a.dresidual[base + c] = from_float<T>(dh);
+      a.dx[base + c] = from_float<T>(d);
+    }
+  }
+}
+
+template <class T>
+__global__ void dropout_mask_kernel(T* mask, size_t count, DropoutStream dropout) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count; i += size_t{gridDim.x} * blockDim.x)
+    mask[i] = from_float<T>(static_cast<float>(dropout.template kept_bits<1>(i) & 1u));
+}
+
+// ---- kernel launchers
+
+DropoutStream make_stream(Dropout dropout) {
+  return {dropout.seed, dropout.offset, dropout_threshold(dropout.p), 1.f / (1.f - dropout.p), dropout.p > 0.f};
+}
+
+// Register configurations of layernorm_common.cuh, up to 4 vectors a thread and `max_tpr` threads a
+// row ({0, 0}: the looping kernels). With one element per vector (odd row lengths, misaligned
+// pointers: the general path) only NV = 4 is built, the rest of the lanes idle.
+Config choose(int vectors, int max_tpr, int vec) {
+  Config config = choose_config(vectors, 4);
+  if (config.tpr > max_tpr) return {0, 0};
+  if (vec == 1 && config.tpr > 0 && config.tpr <= kWarpSize) config.nv = 4;
+  return config;
+}
+template <int VEC, int NV>
+constexpr bool kBuilt = NV <= 4 && (VEC > 1 || NV == 4);
+// The backward holds four floats per element (h and three parameter-gradient accumulators): with
+// more than 256 threads a block (at most 128 registers each) they would spill, so longer rows take
+// the looping kernel.
+constexpr int kBackwardMaxThreadsPerRow = 256;
+
+// The most partial rows the backward writes: enough blocks to fill the GPU, at least 32 rows a block
+// beyond that (the partials' traffic stays small next to the rows'), at most 16 a multiprocessor.
+int backward_block_limit(int rows) {
+  const int sms = multiprocessors();
+  return std::max(1, std::min(rows, std::max(sms, std::min(rows / 32, 16 * sms))));
+}
+
+template <class T>
+void forward_typed(const ForwardArgs<T>& a, cudaStream_t stream) {
+  const int vec = vector_width<T>(a.C, {a.x, a.bias, a.residual, a.gamma, a.beta, a.h, a.y});
+  const Config config = choose(a.C / vec, 1024, vec);
+  dispatch_vector_width<T>(vec, [&](auto vec_c) {
+    constexpr int VEC = decltype(vec_c)::value;
+    const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
+      constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
+      if constexpr (kBuilt<VEC, NV>) {
+        const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
+        const int rows_per_block = threads / TPR;
+        const int blocks = std::min(ceil_div(a.rows, rows_per_block), 64 * multiprocessors());
+        bias_dropout_residual_layernorm_forward_kernel<T, VEC, NV, TPR><<<blocks, threads, 0, stream>>>(a);
+      }
+    });
+    if (!done) {
+      const int blocks = std::min(a.rows, 64 * multiprocessors());
+      bias_dropout_residual_layernorm_forward_looping_kernel<T><<<blocks, 1024, 0, stream>>>(a);
+    }
+  });
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T>
+void backward_typed(BackwardArgs<T> a, T* dgamma, T* dbeta, T* dbias, cudaStream_t stream) {
+  const int vec = vector_width<T>(a.C, {a.dy, a.dh_extra, a.h, a.x, a.bias, a.residual, a.gamma, a.dx, a.dresidual});
+  const Config config = choose(a.C / vec, kBackwardMaxThreadsPerRow, vec);
+  const int limit = backward_block_limit(a.rows);
+  int blocks = limit;
+  dispatch_vector_width<T>(vec, [&](auto vec_c) {
+    constexpr int VEC = decltype(vec_c)::value;
+    const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
+      constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
+      if constexpr (TPR <= kBackwardMaxThreadsPerRow && kBuilt<VEC, NV>) {
+        const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
+        const size_t shared = TPR <= kWarpSize ? sizeof(float) * 3 * a.C * (threads / kWarpSize) : 0;
+        auto kernel = bias_dropout_residual_layernorm_backward_kernel<T, VEC, NV, TPR>;
+        if (shared > 48 * 1024) {
+          FUSEKIT_CUDA_CHECK(
+              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+        }
+        // As many blocks as fit on the GPU at once (one wave: each block's partial row is written
+        // once, after all its rows), within the limit the workspace was sized for.
+        int resident = 0;
+        FUSEKIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, shared));
+        const int rows_per_block = threads / TPR;
+        blocks = std::max(1, std::min({limit, std::max(resident, 1) * multiprocessors(),
+                                       ceil_div(std::max(a.rows, 1), rows_per_block)}));
+        kernel<<<blocks, threads, shared, stream>>>(a);
+      }
+    });
+    if (!done) bias_dropout_residual_layernorm_backward_looping_kernel<T><<<blocks, 1024, 0, stream>>>(a);
+  });
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+  launch_parameter_gradients<T, 3>(a.partial, blocks, a.C, {{dgamma, dbeta, dbias}}, stream);
+}
+
+void check_sizes(int rows, int C) {
+  if (rows < 0 || C <= 0) {
+    throw std::invalid_argument("bias_dropout_residual_layernorm: rows must be >= 0 and columns > 0 (got " +
+                                std::to_string(rows) + " x " + std::to_string(C) + ")");
+  }
+}
+
+void check_dropout(Dropout dropout) {
+  if (!(dropout.p >= 0.f && dropout.p < 1.f)) {
+    throw std::invalid_argument("bias_dropout_residual_layernorm: dropout probability must be in [0, 1) (got " +
+                                std::to_string(dropout.p) + ")");
+  }
+}
+
+void require(bool present, const char* what) {
+  if (!present) throw std::invalid_argument(std::string("bias_dropout_residual_layernorm: ") + what);
+}
+
+}  // namespace
+
+void bias_dropout_residual_layernorm_forward(DType dtype, ResidualOrder order,
+                                             const BiasDropoutResidualForwardTensors& tensors, Dropout dropout,
+                                             int rows, int columns, float eps, cudaStream_t stream) {
+  check_sizes(rows, columns);
+  check_dropout(dropout);
+  const bool pre_ln = order == ResidualOrder::pre_ln;
+  require(tensors.x && tensors.bias && tensors.residual && tensors.gamma && tensors.beta && tensors.y && tensors.mean &&
+              tensors.rstd,
+          "forward needs x, bias, residual, gamma, beta, y, mean and rstd");
+  require(!pre_ln || tensors.h, "pre-LN forward writes h: pass it");
+  if (rows == 0) return;
+  FUSEKIT_DTYPE_SWITCH(dtype, {
+    const ForwardArgs<T> args{static_cast<const T*>(tensors.x),
+                              static_cast<const T*>(tensors.bias),
+                              static_cast<const T*>(tensors.residual),
+                              static_cast<const T*>(tensors.gamma),
+                              static_cast<const T*>(tensors.beta),
+                              pre_ln ? static_cast<T*>(tensors.h) : nullptr,
+                              static_cast<T*>(tensors.y),
+                              tensors.mean,
+                              tensors.rstd,
+                              rows,
+                              columns,
+                              eps,
+                              pre_ln,
+                              make_stream(dropout)};
+    forward_typed<T>(args, stream);
+  })
+}
+
+size_t bias_dropout_residual_layernorm_backward_workspace_bytes(int rows, int columns) {
+  check_sizes(rows, columns);
+  return sizeof(float) * 3 * static_cast<size_t>(columns) * backward_block_limit(std::max(rows, 1));
+}
+
+void bias_dropout_residual_layernorm_backward(DType dtype, ResidualOrder order,
+                                              const BiasDropoutResidualBackwardTensors& tensors, Dropout dropout,
+                                              int rows, int columns, void* workspace, cudaStream_t stream) {
+  check_sizes(rows, columns);
+  check_dropout(dropout);
+  const bool pre_ln = order == ResidualOrder::pre_ln;
+  require(tensors.dy && tensors.gamma && tensors.mean && tensors.rstd && tensors.dx && tensors.dresidual &&
+              tensors.dbias && tensors.dgamma && tensors.dbeta && workspace,
+          "backward needs dy, gamma, mean, rstd, dx, dresidual, dbias, dgamma, dbeta and a workspace");
+  if (pre_ln) {
+    require(tensors.h, "pre-LN backward reads the forward's h: pass it");
+  } else {
+    require(tensors.x && tensors.bias && tensors.residual, "post-LN backward recomputes h: pass x, bias and residual");
+    require(!tensors.dh_extra, "post-LN has no h output, so no dh_extra: pass none");
+  }
+  FUSEKIT_DTYPE_SWITCH(dtype, {
+    const BackwardArgs<T> args{static_cast<const T*>(tensors.dy),
+                               static_cast<const T*>(tensors.dh_extra),
+                               pre_ln ? static_cast<const T*>(tensors.h) : nullptr,
+                               pre_ln ? nullptr : static_cast<const T*>(tensors.x),
+                               pre_ln ? nullptr : static_cast<const T*>(tensors.bias),
+                               pre_ln ? nullptr : static_cast<const T*>(tensors.residual),
+                               static_cast<const T*>(tensors.gamma),
+                               tensors.mean,
+                               tensors.rstd,
+                               static_cast<T*>(tensors.dx),
+                               static_cast<T*>(tensors.dresidual),
+                               static_cast<float*>(workspace),
+                               rows,
+                               columns,
+                               pre_ln,
+                               make_stream(dropout)};
+    backward_typed<T>(args, static_cast<T*>(tensors.dgamma), static_cast<T*>(tensors.dbeta),
+                      static_cast<T*>(tensors.dbias), stream);
+  })
+}
+
+void bias_dropout_residual_layernorm_mask(DType dtype, Dropout dropout, void* mask, int rows, int columns,
+                                          cudaStream_t stream) {
+  check_sizes(rows, columns);
+  check_dropout(dropout);
+  const size_t count = static_cast<size_t>(rows) * columns;
+  if (count == 0) return;
+  const int blocks = static_cast<int>(std::min<size_t>((count + 255) / 256, 64 * multiprocessors()));
+  FUSEKIT_DTYPE_SWITCH(
+      dtype, dropout_mask_kernel<T><<<blocks, 256, 0, stream>>>(static_cast<T*>(mask), count, make_stream(dropout)));
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace fusekit::kernels

@@ -1,0 +1,76 @@
+// The pieces that every row-normalizing kernel of fusekit shares (LayerNorm, and the fused
+// bias + dropout + residual + LayerNorm): how a block splits into row groups, which register
+// configuration holds a row, the vector width the pointers allow, and the second stage of the
+// parameter-gradient reduction.
+//
+// A row group of TPR threads owns one row at a time, each thread holding NV vectors of VEC elements:
+// TPR = 4..32 lanes of a warp per row (several rows per block), TPR = 128..1024 a block per row.
+// Thread t of a group holds the columns (j * TPR + t) * VEC .. + VEC - 1 for j < NV.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+#include "kernels/common.cuh"
+
+namespace fusekit::kernels::layernorm_rows {
+
+// Lanes-per-row kernels run 256 threads a block (up to 255 registers for the backward's accumulators;
+// 512-thread blocks, with half the partial rows, measured slower at BERT shapes).
+constexpr int kLaneKernelThreads = 256;
+
+// Calls FN with the compile-time vector width: 1, or 16 bytes of T.
+template <class T, class FN>
+void dispatch_vector_width(int vec, FN&& fn) {
+  if (vec == 1)
+    fn(std::integral_constant<int, 1>{});
+  else
+    fn(std::integral_constant<int, 16 / sizeof(T)>{});
+}
+
+// The outputs of the second reduction stage: K parameter gradients of C columns each.
+template <class T, int K>
+struct ParameterGradients {
+  T* out[K];
+};
+
+// out[k][c] = sum_p partial[p][k][c]. A block of 32 columns x 32 slices of p; the slices meet in
+// shared memory. The first stage (the backward kernels) writes one partial row per block.
+template <class T, int K>
+__global__ void parameter_gradient_kernel(const float* __restrict__ partial, int parts, int C,
+                                          ParameterGradients<T, K> gradients) {
+  __shared__ float sums[K][kWarpSize][kWarpSize + 1];
+  const int c = blockIdx.x * kWarpSize + threadIdx.x;
+  float s[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) s[k] = 0.f;
+  if (c < C) {
+    for (int p = threadIdx.y; p < parts; p += blockDim.y) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) s[k] += partial[(static_cast<size_t>(p) * K + k) * C + c];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) sums[k][threadIdx.y][threadIdx.x] = s[k];
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    for (int i = 1; i < blockDim.y; ++i) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) s[k] += sums[k][i][threadIdx.x];
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) gradients.out[k][c] = from_float<T>(s[k]);
+  }
+}
+
+template <class T, int K>
+void launch_parameter_gradients(const float* partial, int parts, int C, ParameterGradients<T, K> gradients,
+                                cudaStream_t stream) {
+  const dim3 threads(kWarpSize, kWarpSize);
+  parameter_gradient_kernel<T, K><<<ceil_div(C, kWarpSize), threads, 0, stream>>>(partial, parts, C, gradients);
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace fusekit::kernels::layernorm_rows

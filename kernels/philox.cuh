@@ -1,0 +1,99 @@
+// Philox4x32-10 (Salmon, Moraes, Dror and Shaw, "Parallel random numbers: as easy as 1, 2, 3",
+// SC 2011), and the dropout mask fusekit derives from it.
+//
+// Philox is counter-based: the random words are a pure function of (counter, key), so a kernel can
+// draw element i's word anywhere, in any order, and the backward regenerates the forward's mask from
+// (seed, offset) instead of storing it. The same code compiles for the device and the host, so the
+// float64 references and the tests regenerate exactly the mask the kernels used.
+//
+// The dropout stream (seed, offset): element i's word is word i % 4 of
+// philox4x32_10(counter = {i / 4 (low, high 32 bits), offset (low, high)}, key = seed (low, high)).
+// The element is kept iff its word >= dropout_threshold(p), with probability 1 - p to within 2^-32.
+// A fresh mask needs a fresh (seed, offset) pair: callers advance `offset` per call.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define FUSEKIT_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define FUSEKIT_HOST_DEVICE inline
+#endif
+
+namespace fusekit::kernels {
+
+struct PhiloxWords {
+  uint32_t w[4];
+};
+
+FUSEKIT_HOST_DEVICE uint32_t multiply_high32(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __umulhi(a, b);
+#else
+  return static_cast<uint32_t>((static_cast<uint64_t>(a) * b) >> 32);
+#endif
+}
+
+// Ten rounds of the Philox4x32 bijection; the key is bumped by the Weyl constants between rounds.
+FUSEKIT_HOST_DEVICE PhiloxWords philox4x32_10(PhiloxWords counter, uint32_t key0, uint32_t key1) {
+  constexpr uint32_t kMultiplier0 = 0xD2511F53u, kMultiplier1 = 0xCD9E8D57u;
+  constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
+  uint32_t c0 = counter.w[0], c1 = counter.w[1], c2 = counter.w[2], c3 = counter.w[3];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int round = 0; round < 10; ++round) {
+    const uint32_t high0 = multiply_high32(kMultiplier0, c0), low0 = kMultiplier0 * c0;
+    const uint32_t high1 = multiply_high32(kMultiplier1, c2), low1 = kMultiplier1 * c2;
+    c0 = high1 ^ c1 ^ key0;
+    c1 = low1;
+    c2 = high0 ^ c3 ^ key1;
+    c3 = low0;
+    key0 += kWeyl0;
+    key1 += kWeyl1;
+  }
+  return {{c0, c1, c2, c3}};
+}
+
+// The four words of the dropout stream for elements 4 * group .. 4 * group + 3.
+FUSEKIT_HOST_DEVICE PhiloxWords dropout_words(uint64_t seed, uint64_t offset, uint64_t group) {
+  const PhiloxWords counter{{static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32),
+                             static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32)}};
+  return philox4x32_10(counter, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+}
+
+// Words below the threshold are dropped: round(p * 2^32), so p = 0 keeps every element.
+FUSEKIT_HOST_DEVICE uint32_t dropout_threshold(float p) {
+  const double scaled = static_cast<double>(p) * 4294967296.0 + 0.5;
+  return scaled >= 4294967295.0 ? 0xFFFFFFFFu : static_cast<uint32_t>(scaled);
+}
+
+// Whether element `index` of the stream (seed, offset) is kept.
+FUSEKIT_HOST_DEVICE bool dropout_kept(uint64_t seed, uint64_t offset, uint64_t index, uint32_t threshold) {
+  return dropout_words(seed, offset, index >> 2).w[index & 3] >= threshold;
+}
+
+// The kept flags of elements first .. first + N - 1 as bits 0 .. N - 1. For N a multiple of 4,
+// `first` must be too: then each Philox call serves four elements.
+template <int N>
+FUSEKIT_HOST_DEVICE uint32_t dropout_kept_bits(uint64_t seed, uint64_t offset, uint64_t first, uint32_t threshold) {
+  static_assert(N >= 1 && N <= 32, "one 32-bit word of flags");
+  uint32_t bits = 0;
+  if constexpr (N % 4 == 0) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int q = 0; q < N / 4; ++q) {
+      const PhiloxWords words = dropout_words(seed, offset, (first >> 2) + q);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+      for (int k = 0; k < 4; ++k) bits |= static_cast<uint32_t>(words.w[k] >= threshold) << (4 * q + k);
+    }
+  } else {
+    for (int k = 0; k < N; ++k) bits |= static_cast<uint32_t>(dropout_kept(seed, offset, first + k, threshold)) << k;
+  }
+  return bits;
+}
+
+}  // namespace fusekit::kernels
