@@ -47,5 +47,6 @@ bool baselines_available();
 
 // One definition per operator file.
 OpDefinition layernorm_op();
+OpDefinition adamw_op();
 
 }  // namespace fusekit::suites
