@@ -12,8 +12,8 @@
 //
 // The trainer's step is two launches. The gradient check reads the gradients once (2 bytes per
 // parameter, against the update's 28 with master weights or 22 without) and each block writes its
-// own "found inf/NaN" flag: no atomics, no reset. The update's blocks each OR the few hundred flags
-// (1 KiB from L2) and return at once if any is set. Fusing the check into the update would need the
+// own "found inf/NaN" flag: no atomics, no reset. The update's blocks each OR the thousand-odd
+// flags (4 KiB from L2) and return at once if any is set. Fusing the check into the update would need the
 // verdict before the first write, i.e. a grid-wide barrier after a full pass over the gradients,
 // which is the same read. The update walks the buffers back to front, so its first gradient reads
 // hit the tail the check has just left in L2. The step count lives on the device in two slots: the
