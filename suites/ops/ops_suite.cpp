@@ -18,6 +18,7 @@ const std::vector<OpDefinition>& ops() {
       bias_gelu_op(),
       softmax_op(),
       bias_dropout_residual_layernorm_op(),
+      adamw_op(),
   };
   return all;
 }

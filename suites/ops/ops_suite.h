@@ -50,5 +50,6 @@ OpDefinition layernorm_op();
 OpDefinition bias_gelu_op();
 OpDefinition softmax_op();
 OpDefinition bias_dropout_residual_layernorm_op();
+OpDefinition adamw_op();
 
 }  // namespace fusekit::suites

@@ -1,0 +1,420 @@
+// AdamW over tensor lists and the mixed-precision trainer (see adamw.h for the math and layouts).
+//
+// Design. Both updates read and write every byte once, so they are copies with arithmetic: 16-byte
+// vectors, grids of as many blocks as fit on the multiprocessors, streaming loads for what is read
+// once.
+//
+// The tensor-list step walks a chunk table (tensor, offset, length <= 8192 elements) that the
+// host builds once per list: block b takes chunks b, b + grid, ..., so a list of a few large and
+// many tiny tensors (BERT's 204: one of 23M elements, a hundred of 768) spreads evenly over the
+// grid in one launch. A tensor whose four pointers are 16-byte aligned runs on float4 vectors with
+// a scalar tail; any other runs scalar.
+//
+// The trainer's step is two launches. The gradient check reads the gradients once (2 bytes per
+// parameter, against the update's 28 with master weights or 22 without) and each block writes its
+// own "found inf/NaN" flag: no atomics, no reset. The update's blocks each OR the thousand-odd
+// flags (4 KiB from L2) and return at once if any is set. Fusing the check into the update would need the
+// verdict before the first write, i.e. a grid-wide barrier after a full pass over the gradients,
+// which is the same read. The update walks the buffers back to front, so its first gradient reads
+// hit the tail the check has just left in L2. The step count lives on the device in two slots: the
+// check copies "after the last step" into "at the start of this one", the update reads the latter
+// and its block 0 writes the former, so no block reads what another writes in the same launch.
+#include "kernels/adamw.h"
+#include "kernels/common.cuh"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace fusekit::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kChunkElements = 8192;  // a multiple of 4: every chunk of an aligned tensor starts aligned
+
+struct TensorDescriptor {
+  float* param;
+  const float* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  int vectorized;  // all four pointers 16-byte aligned
+};
+
+struct ChunkDescriptor {
+  int64_t offset;  // elements into the tensor
+  int tensor;
+  int length;
+};
+
+// The step's scalars, rounded to float once.
+struct Coefficients {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, step_size, bias_correction2_sqrt;
+};
+
+// In double, as PyTorch computes the bias corrections from its double hyperparameters.
+__host__ __device__ inline Coefficients make_coefficients(const AdamWOptions& o, int64_t step) {
+  Coefficients c;
+  c.beta1 = static_cast<float>(o.beta1);
+  c.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
+  c.beta2 = static_cast<float>(o.beta2);
+  c.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
+  c.eps = static_cast<float>(o.eps);
+  c.decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
+  c.step_size = static_cast<float>(o.lr / (1.0 - pow(o.beta1, static_cast<double>(step))));
+  c.bias_correction2_sqrt = static_cast<float>(sqrt(1.0 - pow(o.beta2, static_cast<double>(step))));
+  return c;
+}
+
+// One element, in torch.optim.AdamW's order: decay first, eps after the square root.
+__device__ __forceinline__ void adamw_update(float g, float& p, float& m, float& v, const Coefficients& c) {
+  p *= c.decay;
+  m = c.beta1 * m + c.one_minus_beta1 * g;
+  v = c.beta2 * v + c.one_minus_beta2 * g * g;
+  p -= c.step_size * m / (sqrtf(v) / c.bias_correction2_sqrt + c.eps);
+}
+
+// Bits of a 16-bit float's exponent: all set means inf or NaN.
+template <class T>
+constexpr uint32_t kExponentBits = std::is_same_v<T, __half> ? 0x7C00u : 0x7F80u;
+
+// ---- CUDA kernels
+
+__global__ void __launch_bounds__(kThreads)
+    adamw_multi_tensor_kernel(const TensorDescriptor* __restrict__ tensors, const ChunkDescriptor* __restrict__ chunks,
+                              int chunk_count, Coefficients c) {
+  using V = Vec<float, 4>;
+  for (int k = blockIdx.x; k < chunk_count; k += gridDim.x) {
+    const ChunkDescriptor chunk = chunks[k];
+    const TensorDescriptor t = tensors[chunk.tensor];
+    float* __restrict__ p = t.param + chunk.offset;
+    const float* __restrict__ g = t.grad + chunk.offset;
+    float* __restrict__ m = t.exp_avg + chunk.offset;
+    float* __restrict__ v = t.exp_avg_sq + chunk.offset;
+    int scalar_from = 0;
+    if (t.vectorized) {
+      const int vectors = chunk.length / 4;
+      for (int i = threadIdx.x; i < vectors; i += blockDim.x) {
+        V pv = V::load_stream(p + 4 * i), mv = V::load_stream(m + 4 * i), vv = V::load_stream(v + 4 * i);
+        const V gv = V::load_stream(g + 4 * i);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) adamw_update(gv.v[j], pv.v[j], mv.v[j], vv.v[j], c);
+        pv.store(p + 4 * i);
+        mv.store(m + 4 * i);
+        vv.store(v + 4 * i);
+      }
+      scalar_from = vectors * 4;
+    }
+    for (int i = scalar_from + threadIdx.x; i < chunk.length; i += blockDim.x) {
+      float pi = p[i], mi = m[i], vi = v[i];
+      adamw_update(g[i], pi, mi, vi, c);
+      p[i] = pi;
+      m[i] = mi;
+      v[i] = vi;
+    }
+  }
+}
+
+// flags[block] = whether the block saw an inf or NaN among `vectors` 16-byte vectors of gradients.
+// Every block writes its flag every step. Block 0 also starts the step count of this step.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    adamw_gradient_check_kernel(const T* __restrict__ grads, size_t vectors, int* __restrict__ flags,
+                                int64_t* __restrict__ steps) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) steps[0] = steps[1];
+  constexpr uint32_t low = kExponentBits<T>, high = kExponentBits<T> << 16;
+  bool found = false;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+#pragma unroll 4
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < vectors; i += stride) {
+    // A plain load (not streaming): the update reads the last of these again, from L2.
+    const uint4 w = reinterpret_cast<const uint4*>(grads)[i];
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (uint32_t x : words) found |= (x & low) == low || (x & high) == high;
+  }
+  const int any = __syncthreads_or(found);
+  if (threadIdx.x == 0) flags[blockIdx.x] = any;
+}
+
+template <class T, bool kMaster>
+__global__ void __launch_bounds__(kThreads)
+    adamw_trainer_kernel(T* __restrict__ params, const T* __restrict__ grads, float* __restrict__ master,
+                         float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq, size_t vectors,
+                         const int* __restrict__ flags, int flag_count, int64_t* __restrict__ steps,
+                         AdamWOptions options, float inv_scale) {
+  int found = 0;
+  for (int i = threadIdx.x; i < flag_count; i += blockDim.x) found |= flags[i];
+  const bool skip = __syncthreads_or(found) != 0;
+  const int64_t taken = steps[0];
+  if (blockIdx.x == 0 && threadIdx.x == 0) steps[1] = skip ? taken : taken + 1;
+  if (skip) return;
+  const Coefficients c = make_coefficients(options, taken + 1);
+
+  constexpr int VEC = 16 / sizeof(T);
+  using VT = Vec<T, VEC>;
+  using VF = Vec<float, 4>;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < vectors; i += stride) {
+    const size_t e = (vectors - 1 - i) * VEC;  // back to front (see the top of the file)
+    const VT g = VT::load(grads + e);
+    float p[VEC], m[VEC], v[VEC];
+#pragma unroll
+    for (int h = 0; h < VEC / 4; ++h) {
+      const VF mv = VF::load_stream(exp_avg + e + 4 * h), vv = VF::load_stream(exp_avg_sq + e + 4 * h);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        m[4 * h + j] = mv.v[j];
+        v[4 * h + j] = vv.v[j];
+      }
+      if constexpr (kMaster) {
+        const VF pv = VF::load_stream(master + e + 4 * h);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) p[4 * h + j] = pv.v[j];
+      }
+    }
+    if constexpr (!kMaster) {
+      const VT pv = VT::load_stream(params + e);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) p[j] = to_float(pv.v[j]);
+    }
+    VT out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      adamw_update(to_float(g.v[j]) * inv_scale, p[j], m[j], v[j], c);
+      out.v[j] = from_float<T>(p[j]);
+    }
+    out.store(params + e);
+#pragma unroll
+    for (int h = 0; h < VEC / 4; ++h) {
+      VF mv, vv, pv;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        mv.v[j] = m[4 * h + j];
+        vv.v[j] = v[4 * h + j];
+        pv.v[j] = p[4 * h + j];
+      }
+      mv.store(exp_avg + e + 4 * h);
+      vv.store(exp_avg_sq + e + 4 * h);
+      if constexpr (kMaster) pv.store(master + e + 4 * h);
+    }
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) widen_kernel(const T* __restrict__ in, float* __restrict__ out, size_t n) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += stride) {
+    out[i] = to_float(in[i]);
+  }
+}
+
+// ---- kernel launchers
+
+// Blocks of kThreads that are resident at once, over all multiprocessors.
+template <class Kernel>
+int resident_blocks(Kernel kernel) {
+  int per_multiprocessor = 0;
+  FUSEKIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, kThreads, 0));
+  return std::max(per_multiprocessor, 1) * multiprocessors();
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+void check_options(const AdamWOptions& o) {
+  // The negated comparisons also reject NaN.
+  if (!(o.lr >= 0) || !(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) || !(o.eps >= 0) ||
+      !(o.weight_decay >= 0)) {
+    throw std::invalid_argument("adamw: need lr >= 0, 0 <= beta1, beta2 < 1, eps >= 0 and weight_decay >= 0 (got lr " +
+                                std::to_string(o.lr) + ", betas " + std::to_string(o.beta1) + ", " +
+                                std::to_string(o.beta2) + ", eps " + std::to_string(o.eps) + ", weight_decay " +
+                                std::to_string(o.weight_decay) + ")");
+  }
+}
+
+template <class T>
+int check_grid() {
+  static const int blocks = resident_blocks(adamw_gradient_check_kernel<T>);
+  return blocks;
+}
+
+template <class T, bool kMaster>
+void trainer_step_typed(T* params, const T* grads, float* master, float* exp_avg, float* exp_avg_sq, size_t elements,
+                        int* flags, int flag_count, int64_t* steps, const AdamWOptions& options, float inv_scale,
+                        cudaStream_t stream) {
+  const size_t vectors = elements / (16 / sizeof(T));
+  adamw_gradient_check_kernel<T><<<flag_count, kThreads, 0, stream>>>(grads, vectors, flags, steps);
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+  static const int resident = resident_blocks(adamw_trainer_kernel<T, kMaster>);
+  // At least one block: block 0 carries the step count even over an empty buffer.
+  const int blocks = static_cast<int>(std::clamp<size_t>((vectors + kThreads - 1) / kThreads, 1, resident));
+  adamw_trainer_kernel<T, kMaster><<<blocks, kThreads, 0, stream>>>(params, grads, master, exp_avg, exp_avg_sq, vectors,
+                                                                    flags, flag_count, steps, options, inv_scale);
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+FlatLayout flat_layout(const std::vector<size_t>& sizes, size_t alignment_elements) {
+  if (alignment_elements == 0) throw std::invalid_argument("flat_layout: alignment must be > 0");
+  FlatLayout layout;
+  layout.offsets.reserve(sizes.size());
+  for (size_t size : sizes) {
+    layout.offsets.push_back(layout.elements);
+    layout.elements += (size + alignment_elements - 1) / alignment_elements * alignment_elements;
+  }
+  return layout;
+}
+
+// ---- AdamW over a list of float tensors
+
+AdamWTensorList::AdamWTensorList(const std::vector<AdamWTensor>& tensors) {
+  if (tensors.size() > static_cast<size_t>(INT_MAX)) throw std::invalid_argument("adamw: too many tensors");
+  std::vector<TensorDescriptor> descriptors;
+  std::vector<ChunkDescriptor> chunks;
+  descriptors.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const AdamWTensor& t = tensors[i];
+    if (t.count > 0 && (!t.param || !t.grad || !t.exp_avg || !t.exp_avg_sq)) {
+      throw std::invalid_argument("adamw: tensor " + std::to_string(i) + " has a null pointer");
+    }
+    const bool vectorized = aligned16(t.param) && aligned16(t.grad) && aligned16(t.exp_avg) && aligned16(t.exp_avg_sq);
+    descriptors.push_back({t.param, t.grad, t.exp_avg, t.exp_avg_sq, vectorized ? 1 : 0});
+    for (size_t offset = 0; offset < t.count; offset += kChunkElements) {
+      const int length = static_cast<int>(std::min<size_t>(kChunkElements, t.count - offset));
+      chunks.push_back({static_cast<int64_t>(offset), static_cast<int>(i), length});
+    }
+    elements_ += t.count;
+  }
+  if (chunks.size() > static_cast<size_t>(INT_MAX)) throw std::invalid_argument("adamw: too many elements");
+  tensor_count_ = static_cast<int>(descriptors.size());
+  chunk_count_ = static_cast<int>(chunks.size());
+  if (chunk_count_ == 0) return;
+  const size_t descriptor_bytes = (descriptors.size() * sizeof(TensorDescriptor) + 15) / 16 * 16;
+  const size_t chunk_bytes = chunks.size() * sizeof(ChunkDescriptor);
+  FUSEKIT_CUDA_CHECK(cudaMalloc(&table_, descriptor_bytes + chunk_bytes));
+  auto* bytes = static_cast<char*>(table_);
+  try {
+    FUSEKIT_CUDA_CHECK(
+        cudaMemcpy(bytes, descriptors.data(), descriptors.size() * sizeof(TensorDescriptor), cudaMemcpyHostToDevice));
+    FUSEKIT_CUDA_CHECK(cudaMemcpy(bytes + descriptor_bytes, chunks.data(), chunk_bytes, cudaMemcpyHostToDevice));
+  } catch (...) {
+    cudaFree(table_);
+    throw;
+  }
+}
+
+AdamWTensorList::~AdamWTensorList() {
+  if (table_) cudaFree(table_);
+}
+
+void adamw_step(const AdamWTensorList& list, const AdamWOptions& options, int64_t step, cudaStream_t stream) {
+  check_options(options);
+  if (step < 1) throw std::invalid_argument("adamw: step must be >= 1 (got " + std::to_string(step) + ")");
+  if (list.chunk_count_ == 0) return;
+  const auto* tensors = static_cast<const TensorDescriptor*>(list.table_);
+  const size_t descriptor_bytes = (list.tensor_count_ * sizeof(TensorDescriptor) + 15) / 16 * 16;
+  const auto* chunks =
+      reinterpret_cast<const ChunkDescriptor*>(static_cast<const char*>(list.table_) + descriptor_bytes);
+  static const int resident = resident_blocks(adamw_multi_tensor_kernel);
+  const int blocks = std::min(list.chunk_count_, resident);
+  adamw_multi_tensor_kernel<<<blocks, kThreads, 0, stream>>>(tensors, chunks, list.chunk_count_,
+                                                             make_coefficients(options, step));
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- The mixed-precision trainer
+
+AdamWTrainer::AdamWTrainer(DType dtype, const std::vector<size_t>& sizes, bool master_weights)
+    : dtype_(dtype), sizes_(sizes) {
+  if (dtype == DType::f32) {
+    throw std::invalid_argument("adamw trainer: parameters must be fp16 or bf16 (fp32 tensors: adamw_step)");
+  }
+  layout_ = flat_layout(sizes, 16 / dtype_size(dtype));
+  check_blocks_ = dtype == DType::f16 ? check_grid<__half>() : check_grid<__nv_bfloat16>();
+  const size_t n = std::max<size_t>(layout_.elements, 1);
+  auto allocate = [](auto** p, size_t bytes) {
+    FUSEKIT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(p), bytes));
+    FUSEKIT_CUDA_CHECK(cudaMemset(*p, 0, bytes));
+  };
+  try {
+    allocate(&parameters_, n * dtype_size(dtype));
+    allocate(&gradients_, n * dtype_size(dtype));
+    if (master_weights) allocate(&master_, n * sizeof(float));
+    allocate(&exp_avg_, n * sizeof(float));
+    allocate(&exp_avg_sq_, n * sizeof(float));
+    allocate(&steps_, 2 * sizeof(int64_t) + check_blocks_ * sizeof(int));
+    flags_ = reinterpret_cast<int*>(steps_ + 2);
+  } catch (...) {
+    for (void* p : {parameters_, gradients_, static_cast<void*>(master_), static_cast<void*>(exp_avg_),
+                    static_cast<void*>(exp_avg_sq_), static_cast<void*>(steps_)}) {
+      if (p) cudaFree(p);
+    }
+    throw;
+  }
+}
+
+AdamWTrainer::~AdamWTrainer() {
+  for (void* p : {parameters_, gradients_, static_cast<void*>(master_), static_cast<void*>(exp_avg_),
+                  static_cast<void*>(exp_avg_sq_), static_cast<void*>(steps_)}) {
+    if (p) cudaFree(p);
+  }
+}
+
+void* AdamWTrainer::parameter(size_t tensor) const {
+  return static_cast<char*>(parameters_) + offset(tensor) * dtype_size(dtype_);
+}
+
+void* AdamWTrainer::gradient(size_t tensor) const {
+  return static_cast<char*>(gradients_) + offset(tensor) * dtype_size(dtype_);
+}
+
+void AdamWTrainer::load_master_weights(cudaStream_t stream) {
+  if (!master_ || layout_.elements == 0) return;
+  const int blocks = static_cast<int>(
+      std::min<size_t>((layout_.elements + kThreads - 1) / kThreads, static_cast<size_t>(8 * multiprocessors())));
+  if (dtype_ == DType::f16) {
+    widen_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __half*>(parameters_), master_, layout_.elements);
+  } else {
+    widen_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(parameters_), master_,
+                                                  layout_.elements);
+  }
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void AdamWTrainer::step(const AdamWOptions& options, float loss_scale, cudaStream_t stream) {
+  check_options(options);
+  if (!(loss_scale > 0) || !std::isfinite(loss_scale)) {
+    throw std::invalid_argument("adamw trainer: loss_scale must be finite and > 0 (got " + std::to_string(loss_scale) +
+                                ")");
+  }
+  const float inv_scale = 1.0f / loss_scale;
+  auto run = [&](auto type_tag) {
+    using T = decltype(type_tag);
+    auto* p = static_cast<T*>(parameters_);
+    const auto* g = static_cast<const T*>(gradients_);
+    if (master_) {
+      trainer_step_typed<T, true>(p, g, master_, exp_avg_, exp_avg_sq_, layout_.elements, flags_, check_blocks_, steps_,
+                                  options, inv_scale, stream);
+    } else {
+      trainer_step_typed<T, false>(p, g, nullptr, exp_avg_, exp_avg_sq_, layout_.elements, flags_, check_blocks_,
+                                   steps_, options, inv_scale, stream);
+    }
+  };
+  if (dtype_ == DType::f16)
+    run(__half{});
+  else
+    run(__nv_bfloat16{});
+}
+
+int64_t AdamWTrainer::step_count(cudaStream_t stream) const {
+  int64_t count = 0;
+  FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(&count, steps_ + 1, sizeof(count), cudaMemcpyDeviceToHost, stream));
+  FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return count;
+}
+
+}  // namespace fusekit::kernels

@@ -1,0 +1,21 @@
+#include "kernels/reference/adamw.h"
+
+#include <cmath>
+
+namespace fusekit::reference {
+
+void adamw_step(std::vector<double>& param, const std::vector<double>& grad, std::vector<double>& exp_avg,
+                std::vector<double>& exp_avg_sq, const AdamWOptions& o, int64_t step) {
+  const double bias_correction1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
+  const double step_size = o.lr / bias_correction1;
+  const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+  for (size_t i = 0; i < param.size(); ++i) {
+    param[i] -= o.lr * o.weight_decay * param[i];
+    exp_avg[i] = o.beta1 * exp_avg[i] + (1.0 - o.beta1) * grad[i];
+    exp_avg_sq[i] = o.beta2 * exp_avg_sq[i] + (1.0 - o.beta2) * grad[i] * grad[i];
+    param[i] -= step_size * exp_avg[i] / (std::sqrt(exp_avg_sq[i]) / bias_correction2_sqrt + o.eps);
+  }
+}
+
+}  // namespace fusekit::reference

@@ -1,0 +1,23 @@
+// Float64 reference of one AdamW step, as torch.optim.AdamW computes it (the math is in
+// kernels/adamw.h): decoupled weight decay, bias corrections from the step count, eps after the
+// square root.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace fusekit::reference {
+
+struct AdamWOptions {
+  double lr;
+  double beta1;
+  double beta2;
+  double eps;
+  double weight_decay;
+};
+
+// One step on every element, in place; `step` counts the steps taken, this one included (>= 1).
+void adamw_step(std::vector<double>& param, const std::vector<double>& grad, std::vector<double>& exp_avg,
+                std::vector<double>& exp_avg_sq, const AdamWOptions& options, int64_t step);
+
+}  // namespace fusekit::reference
