@@ -222,7 +222,6 @@ int resident_blocks(Kernel kernel) {
   return std::max(per_multiprocessor, 1) * multiprocessors();
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 void check_options(const AdamWOptions& o) {
   // The negated comparisons also reject NaN.

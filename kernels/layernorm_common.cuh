@@ -21,6 +21,50 @@ namespace fusekit::kernels::layernorm_rows {
 // 512-thread blocks, with half the partial rows, measured slower at BERT shapes).
 constexpr int kLaneKernelThreads = 256;
 
+// A register configuration: TPR threads per row, NV vectors per thread.
+struct Config {
+  int tpr;
+  int nv;
+};
+
+// The configuration that holds a row of `vectors` vectors with the fewest idle lanes: 4..32 lanes
+// per row with up to 4 vectors each, else a block per row; {0, 0} if none does.
+inline Config choose_config(int vectors, int max_nv) {
+  for (int tpr : {4, 8, 16, 32}) {
+    if (vectors <= tpr * 4) return {tpr, ceil_div(vectors, tpr)};
+  }
+  for (int tpr : {128, 256, 512, 1024}) {
+    if (vectors <= tpr * 4) return {tpr, 4};
+  }
+  if (max_nv >= 8 && vectors <= 1024 * 8) return {1024, 8};
+  return {0, 0};
+}
+
+// Maps the configuration to the kernel template; FN is called with the compile-time TPR and NV.
+// Every configuration is instantiated: FN skips those it has none for with `if constexpr`.
+template <class FN>
+bool dispatch_config(Config config, FN&& fn) {
+#define FUSEKIT_LN_CASE(TPR_, NV_)                                               \
+  if (config.tpr == TPR_ && config.nv == NV_) {                                  \
+    fn(std::integral_constant<int, TPR_>{}, std::integral_constant<int, NV_>{}); \
+    return true;                                                                 \
+  }
+#define FUSEKIT_LN_LANES(TPR_) \
+  FUSEKIT_LN_CASE(TPR_, 1) FUSEKIT_LN_CASE(TPR_, 2) FUSEKIT_LN_CASE(TPR_, 3) FUSEKIT_LN_CASE(TPR_, 4)
+  FUSEKIT_LN_LANES(4)
+  FUSEKIT_LN_LANES(8)
+  FUSEKIT_LN_LANES(16)
+  FUSEKIT_LN_LANES(32)
+  FUSEKIT_LN_CASE(128, 4)
+  FUSEKIT_LN_CASE(256, 4)
+  FUSEKIT_LN_CASE(512, 4)
+  FUSEKIT_LN_CASE(1024, 4)
+  FUSEKIT_LN_CASE(1024, 8)
+#undef FUSEKIT_LN_LANES
+#undef FUSEKIT_LN_CASE
+  return false;
+}
+
 // Calls FN with the compile-time vector width: 1, or 16 bytes of T.
 template <class T, class FN>
 void dispatch_vector_width(int vec, FN&& fn) {

@@ -272,10 +272,10 @@ bool dispatch_config(Config config, FN&& fn) {
     fn(std::integral_constant<int, TPR_>{}, std::integral_constant<int, NV_>{}); \
     return true;                                                                 \
   }
-#define FUSEKIT_SOFTMAX_LANES(TPR_)                                                         \
-  FUSEKIT_SOFTMAX_CASE(TPR_, 1)                                                             \
-  FUSEKIT_SOFTMAX_CASE(TPR_, 2) FUSEKIT_SOFTMAX_CASE(TPR_, 3) FUSEKIT_SOFTMAX_CASE(TPR_, 4) \
-      FUSEKIT_SOFTMAX_CASE(TPR_, 8)
+#define FUSEKIT_SOFTMAX_LANES(TPR_) \
+  FUSEKIT_SOFTMAX_CASE(TPR_, 1)     \
+  FUSEKIT_SOFTMAX_CASE(TPR_, 2)     \
+  FUSEKIT_SOFTMAX_CASE(TPR_, 3) FUSEKIT_SOFTMAX_CASE(TPR_, 4) FUSEKIT_SOFTMAX_CASE(TPR_, 8)
   FUSEKIT_SOFTMAX_LANES(4)
   FUSEKIT_SOFTMAX_LANES(8)
   FUSEKIT_SOFTMAX_LANES(16)
