@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # Suite order (suites/ops/ops_suite.cpp).
-OPERATORS = ["layernorm"]
+OPERATORS = ["layernorm", "cross_entropy"]
 SCHEMA_VERSION = "1"
 
 

@@ -15,6 +15,7 @@ bool baselines_available() {
 const std::vector<OpDefinition>& ops() {
   static const std::vector<OpDefinition> all = {
       layernorm_op(),
+      cross_entropy_op(),
   };
   return all;
 }

@@ -47,5 +47,6 @@ bool baselines_available();
 
 // One definition per operator file.
 OpDefinition layernorm_op();
+OpDefinition cross_entropy_op();
 
 }  // namespace fusekit::suites
