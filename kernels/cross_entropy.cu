@@ -3,7 +3,7 @@
 // Design: a block per row, streaming. The forward reads each logit once: every thread keeps a
 // running maximum and the sum of exp(x - maximum) over its share of the row (the online-softmax
 // recurrence: a new maximum rescales the sum), plus the plain sum of logits for the smoothing term;
-// the block then merges the threads' (maximum, sum) pairs. Rescaling once per UNROLL vectors rather
+// the block then merges the threads' (maximum, sum) pairs. Rescaling once per kUnroll vectors rather
 // than per element keeps the exponentials at about one per logit. The backward is elementwise given
 // the saved logsumexp: it reads the row once and writes dlogits once; an ignored row is only written.
 //
