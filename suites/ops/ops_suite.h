@@ -51,5 +51,6 @@ OpDefinition bias_gelu_op();
 OpDefinition softmax_op();
 OpDefinition bias_dropout_residual_layernorm_op();
 OpDefinition adamw_op();
+OpDefinition cross_entropy_op();
 
 }  // namespace fusekit::suites
