@@ -43,7 +43,7 @@ if want sanitize; then
     case "$name" in tracer_test | trace_command_test | demo_test | *_torch_test) continue ;; esac
     for tool in memcheck racecheck; do
       # The small shapes: a sanitizer slows kernels down by orders of magnitude.
-      if ! compute-sanitizer --tool "$tool" --error-exitcode 9 "$test" --gtest_filter='*:-*1000000*:*million*:*Million*' \
+      if ! timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 9 "$test" --gtest_filter='*:-*1000000*:*million*:*Million*' \
         >"$OUT/sanitize-$name-$tool.log" 2>&1; then
         sanitize_rc=1
         echo "sanitize: $name $tool FAILED"
