@@ -222,7 +222,6 @@ int resident_blocks(Kernel kernel) {
   return std::max(per_multiprocessor, 1) * multiprocessors();
 }
 
-
 void check_options(const AdamWOptions& o) {
   // The negated comparisons also reject NaN.
   if (!(o.lr >= 0) || !(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) || !(o.eps >= 0) ||
