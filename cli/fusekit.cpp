@@ -31,7 +31,9 @@ int main(int argc, char** argv) {
                         "One operator instead of a suite (" + operator_list() + "); needs --shape and --dtype");
   bench_cmd->add_option("--shape", bench_options.shape,
                         "With --op: the operator's shape (" + operator_shapes() + "), e.g. 16384x1024");
-  bench_cmd->add_option("--dtype", bench_options.dtype, "With --op: fp32 | fp16 | bf16");
+  bench_cmd->add_option(
+      "--dtype", bench_options.dtype,
+      "fp32 | fp16 | bf16: with --op, the case's dtype; with --suite ops, run the suite in this dtype only");
   bench_cmd->add_flag("--backward", bench_options.backward, "With --op: time forward + backward");
   bench_cmd
       ->add_option("--peers", bench_options.peers,

@@ -67,7 +67,8 @@ fi
 if want suite; then
   start=$SECONDS
   run_dir="$(mktemp -d)"
-  OUT_DIR="$run_dir" bash scripts/run.sh >"$OUT/run.log" 2>&1
+  # FUSEKIT_SUITE_TIMEOUT bounds the main job; what it recorded by then stays in the store.
+  OUT_DIR="$run_dir" timeout "${FUSEKIT_SUITE_TIMEOUT:-3600}" bash scripts/run.sh >"$OUT/run.log" 2>&1
   suite_rc=$?
   # The store travels compressed; the reports as they are.
   xz -T8 -6 -c "$run_dir/fusekit.db" >"$OUT/ops.db.xz" 2>/dev/null

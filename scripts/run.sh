@@ -30,7 +30,11 @@ DB="$OUT_DIR/fusekit.db"
 peers=()
 python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null &&
   peers=(--peers scripts/peers/ops.py)
-"$FUSEKIT" bench --suite ops "${peers[@]}" --db "$DB" --label "scripts/run.sh" --reps 30 --warmup 5 --traced-reps 3
+# FUSEKIT_SUITE_DTYPE=fp16 runs the suite in one dtype (about half the time); default: fp16 and bf16.
+dtype=()
+[ -n "${FUSEKIT_SUITE_DTYPE:-}" ] && dtype=(--dtype "$FUSEKIT_SUITE_DTYPE")
+"$FUSEKIT" bench --suite ops "${dtype[@]}" "${peers[@]}" --db "$DB" --label "scripts/run.sh" --reps 30 --warmup 5 \
+  --traced-reps 3
 "$FUSEKIT" summary --db "$DB" --top 15 --short-names
 "$FUSEKIT" report --db "$DB" --format html -o "$OUT_DIR/report.html"
 "$FUSEKIT" report --db "$DB" --format csv -o "$OUT_DIR/cases.csv"

@@ -55,8 +55,10 @@ std::vector<Case> ops_cases(const OpsRequest& request) {
     }
     throw std::invalid_argument("unknown operator '" + request.op + "' (available: " + names + ")");
   }
+  std::vector<kernels::DType> dtypes = {kernels::DType::f16, kernels::DType::bf16};
+  if (!request.dtype.empty()) dtypes = {parse_dtype(request.dtype)};  // the whole suite in one dtype
   for (const OpDefinition& op : ops()) {
-    for (kernels::DType dtype : {kernels::DType::f16, kernels::DType::bf16}) {
+    for (kernels::DType dtype : dtypes) {
       for (bool backward : {false, true}) {
         if (backward && !op.has_backward) continue;
         for (const std::string& shape : op.shapes) append(op.cases(shape, dtype, backward));
