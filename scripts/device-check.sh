@@ -70,8 +70,8 @@ if want suite; then
   # FUSEKIT_SUITE_TIMEOUT bounds the main job; what it recorded by then stays in the store.
   OUT_DIR="$run_dir" timeout "${FUSEKIT_SUITE_TIMEOUT:-3600}" bash scripts/run.sh >"$OUT/run.log" 2>&1
   suite_rc=$?
-  # The store travels compressed; the reports as they are.
-  xz -T8 -6 -c "$run_dir/fusekit.db" >"$OUT/ops.db.xz" 2>/dev/null
+  # The store travels compressed, in pieces of 15 MB (join them with cat); the reports as they are.
+  xz -T8 -3 -c "$run_dir/fusekit.db" | split -b 15M - "$OUT/ops.db.xz."
   cp "$run_dir/report.html" "$OUT/ops.html" 2>/dev/null
   cp "$run_dir/cases.csv" "$OUT/ops.csv" 2>/dev/null
   cp "$run_dir/report.md" "$OUT/ops.md" 2>/dev/null
