@@ -216,6 +216,8 @@ int bench(const BenchOptions& o) {
         if (!o.op.empty()) {  // the one case bench ran
           peer_args.insert(peer_args.end(), {"--ops", o.op, "--shapes", o.shape, "--dtypes", o.dtype, "--directions",
                                              o.backward ? "fwd+bwd" : "fwd"});
+        } else if (!o.dtype.empty()) {  // the suite in one dtype
+          peer_args.insert(peer_args.end(), {"--dtypes", o.dtype});
         }
         int code = run_child(o.db, run, peer_args, 1000, false);
         if (code == 0) {
