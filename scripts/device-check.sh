@@ -41,6 +41,8 @@ if want sanitize; then
   for test in "$BUILD_DIR"/tests/gpu/*_test; do
     name="$(basename "$test")"
     case "$name" in tracer_test | trace_command_test | demo_test | *_torch_test) continue ;; esac
+    # FUSEKIT_SANITIZE="a_test b_test" limits the stage to those tests.
+    [ -n "${FUSEKIT_SANITIZE:-}" ] && [[ " $FUSEKIT_SANITIZE " != *" $name "* ]] && continue
     for tool in memcheck racecheck; do
       # The small shapes: a sanitizer slows kernels down by orders of magnitude.
       if ! timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 9 "$test" --gtest_filter='*:-*1000000*:*million*:*Million*' \
