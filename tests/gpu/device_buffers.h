@@ -100,4 +100,21 @@ inline double relative_error(const std::vector<double>& out, const std::vector<d
   return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
+// The bound for an output stored in `dtype`: DESIGN.md's, or twice the error of the float64
+// reference itself rounded to the storage type where that is larger (values in fp16's subnormal
+// range, e.g. probabilities of rows of 24,000 keys, cannot be stored any closer).
+inline double storage_tolerance(const std::vector<double>& ref, DType dtype) {
+  if (dtype == DType::f32) return tolerance(dtype);
+  const std::vector<uint16_t> bits = to_bits(ref, dtype);
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(ref[i])) continue;  // infinities and NaN are compared exactly elsewhere
+    const double d = from_bits(bits[i], dtype) - ref[i];
+    diff += d * d;
+    norm += ref[i] * ref[i];
+  }
+  const double rounding = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+  return std::max(tolerance(dtype), 2 * rounding);
+}
+
 }  // namespace fusekit::kernels
