@@ -37,6 +37,21 @@ struct SoftmaxShape {
 
 enum class SoftmaxMask { none, padding, causal, bias };
 
+// "none", "padding", "causal", "bias": the names the suite's shape syntax uses.
+inline const char* softmax_mask_name(SoftmaxMask mask) {
+  switch (mask) {
+    case SoftmaxMask::none:
+      return "none";
+    case SoftmaxMask::padding:
+      return "padding";
+    case SoftmaxMask::causal:
+      return "causal";
+    case SoftmaxMask::bias:
+      return "bias";
+  }
+  return "?";
+}
+
 // What removes or shifts the scores; the fields a kind does not use are ignored.
 struct SoftmaxMasking {
   SoftmaxMask kind = SoftmaxMask::none;

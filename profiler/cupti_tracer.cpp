@@ -197,6 +197,14 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream_id, uint8_t* b
   std::free(buffer);
 }
 
+// The records gathered so far; the pending trace starts over, keeping the process id. Hold p.mutex.
+Trace take_trace(Pending& p) {
+  Trace out = std::move(p.trace);
+  p.trace = Trace{};
+  p.trace.process_id = out.process_id;
+  return out;
+}
+
 }  // namespace
 
 CuptiTracer& CuptiTracer::instance() {
@@ -227,10 +235,7 @@ Trace CuptiTracer::collect_completed() {
   if (registered_) FUSEKIT_CUPTI_CHECK(cuptiActivityFlushAll(0));
   Pending& p = pending();
   std::lock_guard<std::mutex> lock(p.mutex);
-  Trace out = std::move(p.trace);
-  p.trace = Trace{};
-  p.trace.process_id = out.process_id;
-  return out;
+  return take_trace(p);
 }
 
 Trace CuptiTracer::flush(bool final) {
@@ -247,10 +252,7 @@ Trace CuptiTracer::flush(bool final) {
     p.open_ranges.clear();
     p.stacks.clear();
   }
-  Trace out = std::move(p.trace);
-  p.trace = Trace{};
-  p.trace.process_id = out.process_id;
-  return out;
+  return take_trace(p);
 }
 
 std::string cupti_library_path() {

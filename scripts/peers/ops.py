@@ -89,7 +89,9 @@ def main() -> int:
             if variant == "eager":
                 fn = case.function
             else:
-                fn = compiled.setdefault(case.function, torch.compile(case.function, dynamic=False))
+                if case.function not in compiled:
+                    compiled[case.function] = torch.compile(case.function, dynamic=False)
+                fn = compiled[case.function]
             step = case.make_step(fn)
             label = f"{case.name} [peer:{variant}]"
             print(f"[{i + 1}/{len(cases)}] {label}", file=sys.stderr, flush=True)

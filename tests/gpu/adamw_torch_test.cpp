@@ -66,15 +66,6 @@ at::Tensor flat(const std::vector<at::Tensor>& tensors) {
   return at::cat(parts);
 }
 
-// The fused error may be at most twice the eager one, or the floor.
-void expect_within(const char* what, const at::Tensor& fused, const at::Tensor& eager, const at::Tensor& ref,
-                   double floor) {
-  const double fused_error = relative_error(fused, ref);
-  const double eager_error = relative_error(eager, ref);
-  EXPECT_LE(fused_error, std::max(2 * eager_error, floor))
-      << what << ": fused " << fused_error << ", PyTorch " << eager_error;
-}
-
 TEST(AdamWTorchTest, TensorListMatchesFusedAdamW) {
   FUSEKIT_REQUIRE_GPU();
   std::vector<at::Tensor> p0;
@@ -102,13 +93,14 @@ TEST(AdamWTorchTest, TensorListMatchesFusedAdamW) {
 
   const at::Tensor start = flat(p0);
   const double floor = 1e-5;  // DESIGN's fp32 bound
-  expect_within("param change", flat(fused.params) - start, flat(eager.params) - start, flat(ref.params) - start,
-                floor);
-  expect_within("exp_avg", flat(fused.exp_avgs), flat(eager.exp_avgs), flat(ref.exp_avgs), floor);
-  expect_within("exp_avg_sq", flat(fused.exp_avg_sqs), flat(eager.exp_avg_sqs), flat(ref.exp_avg_sqs), floor);
+  expect_within_twice_eager("param change", flat(fused.params) - start, flat(eager.params) - start,
+                            flat(ref.params) - start, floor);
+  expect_within_twice_eager("exp_avg", flat(fused.exp_avgs), flat(eager.exp_avgs), flat(ref.exp_avgs), floor);
+  expect_within_twice_eager("exp_avg_sq", flat(fused.exp_avg_sqs), flat(eager.exp_avg_sqs), flat(ref.exp_avg_sqs),
+                            floor);
   // The foreach sequence is PyTorch too: the fused step must sit as close to it as to the fused one.
-  expect_within("param change vs foreach", flat(fused.params) - start, flat(foreach_state.params) - start,
-                flat(ref.params) - start, floor);
+  expect_within_twice_eager("param change vs foreach", flat(fused.params) - start, flat(foreach_state.params) - start,
+                            flat(ref.params) - start, floor);
   for (const at::Tensor& s : eager.steps) EXPECT_EQ(s.item<float>(), kSteps);
 }
 
@@ -164,15 +156,15 @@ TEST_P(AdamWTrainerTorchTest, MasterWeightsMatchAmpFusedAdamW) {
     exp_avg_sq.push_back(view(trainer.exp_avg_sq(), 4, i, at::kFloat));
   }
   const at::Tensor start = flat(p0), ref_change = flat(ref.params) - start;
-  expect_within("master change", flat(master) - start, flat(eager.params) - start, ref_change, 1e-5);
+  expect_within_twice_eager("master change", flat(master) - start, flat(eager.params) - start, ref_change, 1e-5);
   // The 16-bit parameters against PyTorch's fp32 parameters rounded to the same type (what autocast
   // hands the next forward).
   std::vector<at::Tensor> eager_rounded;
   for (const at::Tensor& p : eager.params) eager_rounded.push_back(p.to(type));
-  expect_within("param change", flat(params) - start, flat(eager_rounded) - start, ref_change,
-                dtype == kernels::DType::f16 ? 2e-3 : 1e-2);
-  expect_within("exp_avg", flat(exp_avg), flat(eager.exp_avgs), flat(ref.exp_avgs), 1e-5);
-  expect_within("exp_avg_sq", flat(exp_avg_sq), flat(eager.exp_avg_sqs), flat(ref.exp_avg_sqs), 1e-5);
+  expect_within_twice_eager("param change", flat(params) - start, flat(eager_rounded) - start, ref_change,
+                            dtype == kernels::DType::f16 ? 2e-3 : 1e-2);
+  expect_within_twice_eager("exp_avg", flat(exp_avg), flat(eager.exp_avgs), flat(ref.exp_avgs), 1e-5);
+  expect_within_twice_eager("exp_avg_sq", flat(exp_avg_sq), flat(eager.exp_avg_sqs), flat(ref.exp_avg_sqs), 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, AdamWTrainerTorchTest, ::testing::Values(kernels::DType::f16, kernels::DType::bf16),

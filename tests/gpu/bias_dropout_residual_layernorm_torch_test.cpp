@@ -106,25 +106,13 @@ TEST_P(BiasDropoutResidualLayerNormTorchTest, MatchesAutogradOfTheBaseline) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
   const double floor = p.dtype == kernels::DType::f32 ? 1e-5 : 0.0;
-  struct Check {
-    const char* name;
-    const at::Tensor& fused;
-    const at::Tensor& eager;
-    const at::Tensor& ref;
-  };
-  std::vector<Check> checks = {{"y", y, eager.y, ref.y},
-                               {"dx", dx, eager.dx, ref.dx},
-                               {"dresidual", dresidual, eager.dresidual, ref.dresidual},
-                               {"dbias", dbias, eager.dbias, ref.dbias},
-                               {"dgamma", dgamma, eager.dgamma, ref.dgamma},
-                               {"dbeta", dbeta, eager.dbeta, ref.dbeta}};
-  if (pre_ln) checks.push_back({"h", h, eager.h, ref.h});
-  for (const Check& c : checks) {
-    const double fused_error = relative_error(c.fused, c.ref);
-    const double eager_error = relative_error(c.eager, c.ref);
-    EXPECT_LE(fused_error, std::max(2 * eager_error, floor))
-        << c.name << ": fused " << fused_error << ", PyTorch eager " << eager_error;
-  }
+  expect_within_twice_eager("y", y, eager.y, ref.y, floor);
+  expect_within_twice_eager("dx", dx, eager.dx, ref.dx, floor);
+  expect_within_twice_eager("dresidual", dresidual, eager.dresidual, ref.dresidual, floor);
+  expect_within_twice_eager("dbias", dbias, eager.dbias, ref.dbias, floor);
+  expect_within_twice_eager("dgamma", dgamma, eager.dgamma, ref.dgamma, floor);
+  expect_within_twice_eager("dbeta", dbeta, eager.dbeta, ref.dbeta, floor);
+  if (pre_ln) expect_within_twice_eager("h", h, eager.h, ref.h, floor);
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {

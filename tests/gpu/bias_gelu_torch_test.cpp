@@ -50,19 +50,9 @@ TEST_P(BiasGeluTorchTest, MatchesAutogradOfTheBaseline) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
   const double floor = p.dtype == kernels::DType::f32 ? 1e-5 : 0.0;
-  struct Check {
-    const char* name;
-    const at::Tensor& fused;
-    const at::Tensor& eager;
-    const at::Tensor& ref;
-  };
-  for (const Check& c : {Check{"y", y, eager.y, ref.y}, Check{"dx", dx, eager.dx, ref.dx},
-                         Check{"dbias", dbias, eager.dbias, ref.dbias}}) {
-    const double fused_error = relative_error(c.fused, c.ref);
-    const double eager_error = relative_error(c.eager, c.ref);
-    EXPECT_LE(fused_error, std::max(2 * eager_error, floor))
-        << c.name << ": fused " << fused_error << ", PyTorch eager " << eager_error;
-  }
+  expect_within_twice_eager("y", y, eager.y, ref.y, floor);
+  expect_within_twice_eager("dx", dx, eager.dx, ref.dx, floor);
+  expect_within_twice_eager("dbias", dbias, eager.dbias, ref.dbias, floor);
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {

@@ -41,10 +41,8 @@ void expect_close(const char* name, const at::Tensor& fused, const at::Tensor& e
       << name << ": infinities differ from float64";
   EXPECT_TRUE(at::equal(eager.to(at::kDouble).masked_select(infinite), ref.masked_select(infinite)))
       << name << ": PyTorch eager's infinities differ from float64";
-  const double fused_error = relative_error(fused.masked_select(finite), ref.masked_select(finite));
-  const double eager_error = relative_error(eager.masked_select(finite), ref.masked_select(finite));
-  EXPECT_LE(fused_error, std::max(2 * eager_error, floor))
-      << name << ": fused " << fused_error << ", PyTorch eager " << eager_error;
+  expect_within_twice_eager(name, fused.masked_select(finite), eager.masked_select(finite), ref.masked_select(finite),
+                            floor);
 }
 
 TEST_P(CrossEntropyTorchTest, MatchesAutogradOfTheBaseline) {

@@ -55,20 +55,10 @@ TEST_P(LayerNormTorchTest, MatchesAutogradOfTheBaseline) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
   const double floor = p.dtype == kernels::DType::f32 ? 1e-5 : 0.0;
-  struct Check {
-    const char* name;
-    const at::Tensor& fused;
-    const at::Tensor& eager;
-    const at::Tensor& ref;
-  };
-  for (const Check& c :
-       {Check{"y", y, eager.y, ref.y}, Check{"dx", dx, eager.dx, ref.dx},
-        Check{"dgamma", dgamma, eager.dgamma, ref.dgamma}, Check{"dbeta", dbeta, eager.dbeta, ref.dbeta}}) {
-    const double fused_error = relative_error(c.fused, c.ref);
-    const double eager_error = relative_error(c.eager, c.ref);
-    EXPECT_LE(fused_error, std::max(2 * eager_error, floor))
-        << c.name << ": fused " << fused_error << ", PyTorch eager " << eager_error;
-  }
+  expect_within_twice_eager("y", y, eager.y, ref.y, floor);
+  expect_within_twice_eager("dx", dx, eager.dx, ref.dx, floor);
+  expect_within_twice_eager("dgamma", dgamma, eager.dgamma, ref.dgamma, floor);
+  expect_within_twice_eager("dbeta", dbeta, eager.dbeta, ref.dbeta, floor);
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {

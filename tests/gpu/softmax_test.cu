@@ -29,20 +29,6 @@ struct Case {
   bool misaligned = false;  // x, y, dy, dx one element past a 16-byte boundary
 };
 
-const char* mask_name(SoftmaxMask mask) {
-  switch (mask) {
-    case SoftmaxMask::none:
-      return "none";
-    case SoftmaxMask::padding:
-      return "padding";
-    case SoftmaxMask::causal:
-      return "causal";
-    case SoftmaxMask::bias:
-      return "bias";
-  }
-  return "?";
-}
-
 class SoftmaxTest : public ::testing::TestWithParam<std::tuple<DType, Case>> {};
 
 TEST_P(SoftmaxTest, ForwardAndBackwardMatchFloat64Reference) {
@@ -152,7 +138,7 @@ TEST_P(SoftmaxTest, ForwardAndBackwardMatchFloat64Reference) {
 std::string case_name(const ::testing::TestParamInfo<std::tuple<DType, Case>>& info) {
   const auto [dtype, c] = info.param;
   return std::string(dtype_name(dtype)) + "_" + std::to_string(c.batch) + "x" + std::to_string(c.heads) + "x" +
-         std::to_string(c.queries) + "x" + std::to_string(c.keys) + "_" + mask_name(c.mask) +
+         std::to_string(c.queries) + "x" + std::to_string(c.keys) + "_" + softmax_mask_name(c.mask) +
          (c.windows ? "_w" + std::to_string(c.windows) : "") + (c.misaligned ? "_misaligned" : "");
 }
 

@@ -30,20 +30,6 @@ struct Param {
   int windows = 0;  // bias: the window mask's count, 0 for none
 };
 
-const char* mask_name(SoftmaxMask mask) {
-  switch (mask) {
-    case SoftmaxMask::none:
-      return "none";
-    case SoftmaxMask::padding:
-      return "padding";
-    case SoftmaxMask::causal:
-      return "causal";
-    case SoftmaxMask::bias:
-      return "bias";
-  }
-  return "?";
-}
-
 class SoftmaxTorchTest : public ::testing::TestWithParam<Param> {};
 
 TEST_P(SoftmaxTorchTest, MatchesAutogradOfTheBaseline) {
@@ -114,24 +100,14 @@ TEST_P(SoftmaxTorchTest, MatchesAutogradOfTheBaseline) {
   }
 
   const double floor = p.dtype == kernels::DType::f32 ? 1e-5 : 0.0;
-  struct Check {
-    const char* name;
-    const at::Tensor& fused;
-    const at::Tensor& eager;
-    const at::Tensor& ref;
-  };
-  for (const Check& c : {Check{"y", y, eager.y, ref.y}, Check{"dx", dx, eager.dx, ref.dx}}) {
-    const double fused_error = relative_error(c.fused.index({kept}), c.ref.index({kept}));
-    const double eager_error = relative_error(c.eager.index({kept}), c.ref.index({kept}));
-    EXPECT_LE(fused_error, std::max(2 * eager_error, floor))
-        << c.name << ": fused " << fused_error << ", PyTorch eager " << eager_error;
-  }
+  expect_within_twice_eager("y", y.index({kept}), eager.y.index({kept}), ref.y.index({kept}), floor);
+  expect_within_twice_eager("dx", dx.index({kept}), eager.dx.index({kept}), ref.dx.index({kept}), floor);
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
   const Param& p = info.param;
   return std::string(kernels::dtype_name(p.dtype)) + "_" + std::to_string(p.batch) + "x" + std::to_string(p.heads) +
-         "x" + std::to_string(p.queries) + "x" + std::to_string(p.keys) + "_" + mask_name(p.mask) +
+         "x" + std::to_string(p.queries) + "x" + std::to_string(p.keys) + "_" + kernels::softmax_mask_name(p.mask) +
          (p.windows ? "_w" + std::to_string(p.windows) : "");
 }
 
