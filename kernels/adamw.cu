@@ -214,14 +214,6 @@ __global__ void __launch_bounds__(kThreads) widen_kernel(const T* __restrict__ i
 
 // ---- kernel launchers
 
-// Blocks of kThreads that are resident at once, over all multiprocessors.
-template <class Kernel>
-int resident_blocks(Kernel kernel) {
-  int per_multiprocessor = 0;
-  FUSEKIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, kThreads, 0));
-  return std::max(per_multiprocessor, 1) * multiprocessors();
-}
-
 void check_options(const AdamWOptions& o) {
   // The negated comparisons also reject NaN.
   if (!(o.lr >= 0) || !(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) || !(o.eps >= 0) ||
@@ -235,7 +227,7 @@ void check_options(const AdamWOptions& o) {
 
 template <class T>
 int check_grid() {
-  static const int blocks = resident_blocks(adamw_gradient_check_kernel<T>);
+  static const int blocks = resident_blocks(adamw_gradient_check_kernel<T>, kThreads);
   return blocks;
 }
 
@@ -246,7 +238,7 @@ void trainer_step_typed(T* params, const T* grads, float* master, float* exp_avg
   const size_t vectors = elements / (16 / sizeof(T));
   adamw_gradient_check_kernel<T><<<flag_count, kThreads, 0, stream>>>(grads, vectors, flags, steps);
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
-  static const int resident = resident_blocks(adamw_trainer_kernel<T, kMaster>);
+  static const int resident = resident_blocks(adamw_trainer_kernel<T, kMaster>, kThreads);
   // At least one block: block 0 carries the step count even over an empty buffer.
   const int blocks = static_cast<int>(std::clamp<size_t>((vectors + kThreads - 1) / kThreads, 1, resident));
   adamw_trainer_kernel<T, kMaster><<<blocks, kThreads, 0, stream>>>(params, grads, master, exp_avg, exp_avg_sq, vectors,
@@ -317,7 +309,7 @@ void adamw_step(const AdamWTensorList& list, const AdamWOptions& options, int64_
   const size_t descriptor_bytes = (list.tensor_count_ * sizeof(TensorDescriptor) + 15) / 16 * 16;
   const auto* chunks =
       reinterpret_cast<const ChunkDescriptor*>(static_cast<const char*>(list.table_) + descriptor_bytes);
-  static const int resident = resident_blocks(adamw_multi_tensor_kernel);
+  static const int resident = resident_blocks(adamw_multi_tensor_kernel, kThreads);
   const int blocks = std::min(list.chunk_count_, resident);
   adamw_multi_tensor_kernel<<<blocks, kThreads, 0, stream>>>(tensors, chunks, list.chunk_count_,
                                                              make_coefficients(options, step));

@@ -409,13 +409,6 @@ constexpr bool kBuilt = NV <= 4 && (VEC > 1 || NV == 4);
 // the looping kernel.
 constexpr int kBackwardMaxThreadsPerRow = 256;
 
-// The most partial rows the backward writes: enough blocks to fill the GPU, at least 32 rows a block
-// beyond that (the partials' traffic stays small next to the rows'), at most 16 a multiprocessor.
-int backward_block_limit(int rows) {
-  const int sms = multiprocessors();
-  return std::max(1, std::min(rows, std::max(sms, std::min(rows / 32, 16 * sms))));
-}
-
 template <class T>
 void forward_typed(const ForwardArgs<T>& a, cudaStream_t stream) {
   const int vec = vector_width<T>(a.C, {a.x, a.bias, a.residual, a.gamma, a.beta, a.h, a.y});
@@ -442,7 +435,8 @@ void forward_typed(const ForwardArgs<T>& a, cudaStream_t stream) {
 template <class T>
 void backward_typed(BackwardArgs<T> a, T* dgamma, T* dbeta, T* dbias, cudaStream_t stream) {
   const int vec = vector_width<T>(a.C, {a.dy, a.dh_extra, a.h, a.x, a.bias, a.residual, a.gamma, a.dx, a.dresidual});
-  const Config config = choose(a.C / vec, kBackwardMaxThreadsPerRow, vec);
+  Config config = choose(a.C / vec, kBackwardMaxThreadsPerRow, vec);
+  if (vec > 1 && config.tpr > 0 && config.tpr <= kWarpSize) config = choose_backward_config(a.C / vec);
   const int limit = backward_block_limit(a.rows);
   int blocks = limit;
   dispatch_vector_width<T>(vec, [&](auto vec_c) {
@@ -459,10 +453,8 @@ void backward_typed(BackwardArgs<T> a, T* dgamma, T* dbeta, T* dbias, cudaStream
         }
         // As many blocks as fit on the GPU at once (one wave: each block's partial row is written
         // once, after all its rows), within the limit the workspace was sized for.
-        int resident = 0;
-        FUSEKIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, shared));
         const int rows_per_block = threads / TPR;
-        blocks = std::max(1, std::min({limit, std::max(resident, 1) * multiprocessors(),
+        blocks = std::max(1, std::min({limit, resident_blocks(kernel, threads, shared),
                                        ceil_div(std::max(a.rows, 1), rows_per_block)}));
         kernel<<<blocks, threads, shared, stream>>>(a);
       }

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "kernels/cuda_check.h"
+
 namespace fusekit::kernels {
 
 // SMs of the current device (asked once per process).
@@ -19,6 +21,14 @@ inline int multiprocessors() {
     return std::max(sms, 1);
   }();
   return count;
+}
+
+// Blocks of `threads` threads and `shared` bytes of dynamic shared memory that fit on the GPU at once.
+template <class Kernel>
+int resident_blocks(Kernel kernel, int threads, size_t shared = 0) {
+  int per_multiprocessor = 0;
+  FUSEKIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel, threads, shared));
+  return std::max(per_multiprocessor, 1) * multiprocessors();
 }
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

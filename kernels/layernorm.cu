@@ -35,28 +35,43 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
   const RowGroups<TPR> rg;
   const int groups = rg.count, group = rg.index, t = rg.thread;
   auto reduce = [&](float v) { return rg.sum(v, scratch); };
+  // The group's next row is loaded while this one is reduced and written (its loads are in flight
+  // during the shuffles and the stores): twice the bytes in flight per thread, no more threads. Not
+  // with 512 or 1024 threads a row, whose register budget it would exceed (they spill).
+  constexpr bool kPrefetch = TPR <= 256;
+  auto load_row = [&](V(&dst)[NV], int row) {
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      if (row < rows && c < C) dst[j] = V::load_stream(x + static_cast<size_t>(row) * C + c);
+    }
+  };
+  const int stride = gridDim.x * groups;
+  V next[NV];
+  if constexpr (kPrefetch) load_row(next, blockIdx.x * groups + group);
 
   // Every lane of a warp runs every iteration (its shuffles need the whole warp); a row group past
   // the last row computes on zeros and writes nothing.
-  for (int first = blockIdx.x * groups; first < rows; first += gridDim.x * groups) {
+  for (int first = blockIdx.x * groups; first < rows; first += stride) {
     const int row = first + group;
     const bool valid = row < rows;
-    const T* xr = x + static_cast<size_t>(row) * C;
+    V in[NV];
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int j = 0; j < NV; ++j) in[j] = next[j];
+      load_row(next, row + stride);
+    } else {
+      load_row(in, row);
+    }
     float v[NV][VEC];
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
-      const int c = (j * TPR + t) * VEC;
-      if (valid && c < C) {
-        const V in = V::load_stream(xr + c);
+      const bool present = valid && (j * TPR + t) * VEC < C;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          v[j][k] = to_float(in.v[k]);
-          sum += v[j][k];
-        }
-      } else {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) v[j][k] = 0.f;
+      for (int k = 0; k < VEC; ++k) {
+        v[j][k] = present ? to_float(in[j].v[k]) : 0.f;
+        sum += v[j][k];
       }
     }
     const float mu = reduce(sum) / C;
@@ -269,9 +284,6 @@ __global__ void layernorm_backward_looping_kernel(const T* __restrict__ dy, cons
 
 // ---- kernel launchers
 
-// Blocks of the backward grid, hence partial rows: three per multiprocessor (no more than rows).
-int backward_blocks(int rows) { return std::max(1, std::min(rows, 3 * multiprocessors())); }
-
 template <class T>
 void forward_typed(const T* x, const T* gamma, const T* beta, T* y, float* mean, float* rstd, int rows, int C,
                    float eps, cudaStream_t stream) {
@@ -283,9 +295,11 @@ void forward_typed(const T* x, const T* gamma, const T* beta, T* y, float* mean,
       constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
       const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
       const int rows_per_block = threads / TPR;
-      const int blocks = std::min(ceil_div(rows, rows_per_block), 64 * multiprocessors());
-      layernorm_forward_kernel<T, VEC, NV, TPR>
-          <<<blocks, threads, 0, stream>>>(x, gamma, beta, y, mean, rstd, rows, C, eps);
+      // One wave: each row group walks many rows, so its prefetch of the next one pays.
+      auto kernel = layernorm_forward_kernel<T, VEC, NV, TPR>;
+      static const int resident = resident_blocks(kernel, threads);
+      const int blocks = std::min(ceil_div(rows, rows_per_block), resident);
+      kernel<<<blocks, threads, 0, stream>>>(x, gamma, beta, y, mean, rstd, rows, C, eps);
     });
     if (!done) {
       const int blocks = std::min(rows, 64 * multiprocessors());
@@ -300,8 +314,9 @@ template <class T>
 void backward_typed(const T* dy, const T* x, const T* gamma, const float* mean, const float* rstd, T* dx, T* dgamma,
                     T* dbeta, int rows, int C, float* partial, cudaStream_t stream) {
   const int vec = vector_width<T>(C, {dy, x, gamma, dx});
-  const Config config = choose_config(C / vec, 4);
-  const int blocks = backward_blocks(rows);
+  const Config config = choose_backward_config(C / vec);
+  const int limit = backward_block_limit(rows);
+  int blocks = limit;
   auto launch = [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
     const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
@@ -314,6 +329,8 @@ void backward_typed(const T* dy, const T* x, const T* gamma, const float* mean, 
           FUSEKIT_CUDA_CHECK(
               cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
         }
+        blocks =
+            std::max(1, std::min({limit, resident_blocks(kernel, threads, shared), ceil_div(rows, threads / TPR)}));
         kernel<<<blocks, threads, shared, stream>>>(dy, x, gamma, mean, rstd, dx, partial, rows, C);
       }
     });
@@ -346,7 +363,7 @@ void layernorm_forward(DType dtype, const void* x, const void* gamma, const void
 
 size_t layernorm_backward_workspace_bytes(int rows, int columns) {
   check_sizes(rows, columns);
-  return sizeof(float) * 2 * static_cast<size_t>(columns) * backward_blocks(std::max(rows, 1));
+  return sizeof(float) * 2 * static_cast<size_t>(columns) * backward_block_limit(std::max(rows, 1));
 }
 
 void layernorm_backward(DType dtype, const void* dy, const void* x, const void* gamma, const float* mean,
