@@ -21,7 +21,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # Suite order (suites/ops/ops_suite.cpp).
-OPERATORS = ["layernorm", "bias_gelu", "softmax", "bias_dropout_residual_layernorm", "cross_entropy", "adamw"]
+OPERATORS = ["layernorm", "bias_gelu", "softmax", "bias_dropout_residual_layernorm", "cross_entropy", "adamw",
+             "linear"]
 SCHEMA_VERSION = "1"
 
 
@@ -101,8 +102,9 @@ def main() -> int:
                 continue
             with db:
                 cursor = db.execute(
-                    "INSERT INTO cases(runId, name, op, shape, dtype, variant, bytes, flops) VALUES (?,?,?,?,?,?,?,0)",
-                    (int(run), case.name, case.op, case.shape, case.dtype, f"peer:{variant}", case.bytes))
+                    "INSERT INTO cases(runId, name, op, shape, dtype, variant, bytes, flops) VALUES (?,?,?,?,?,?,?,?)",
+                    (int(run), case.name, case.op, case.shape, case.dtype, f"peer:{variant}", case.bytes,
+                     case.flops))
                 db.executemany("INSERT INTO samples(caseId, rep, nanoseconds) VALUES (?,?,?)",
                                [(cursor.lastrowid, r, t) for r, t in enumerate(samples)])
         if case.release:

@@ -20,6 +20,7 @@ class PeerCase:
     function: Callable          # the eager function; torch.compile wraps it
     backward: bool
     release: Optional[Callable] = None  # frees the inputs
+    flops: float = 0.0          # floating-point operations, as fusekit counts them (0: not counted)
 
 
 def rotation_sets(bytes_per_set: int) -> int:

@@ -1,0 +1,222 @@
+#include "kernels/linear.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cublas_check.h"
+#include "kernels/cuda_check.h"
+
+namespace fusekit::kernels {
+namespace {
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::f16:
+      return CUDA_R_16F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+  }
+  throw std::invalid_argument("linear: unknown dtype");
+}
+
+// The largest power of two up to 16 that divides the address (null pointers do not constrain).
+unsigned alignment_of(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  if (address == 0) return 16;
+  return static_cast<unsigned>(std::min<uintptr_t>(address & (~address + 1), 16));
+}
+
+template <class T>
+void set_attribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, const T& value) {
+  FUSEKIT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof(value)));
+}
+
+template <class T>
+void set_preference(cublasLtMatmulPreference_t preference, cublasLtMatmulPreferenceAttributes_t attribute,
+                    const T& value) {
+  FUSEKIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &value, sizeof(value)));
+}
+
+bool epilogue_has_aux(cublasLtEpilogue_t epilogue) {
+  return epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+}
+
+std::string describe(const LinearContext::Gemm& g) {
+  return std::string(dtype_name(g.dtype)) + " m=" + std::to_string(g.m) + " n=" + std::to_string(g.n) +
+         " k=" + std::to_string(g.k) + " op(A)=" + (g.transpose_a ? "T" : "N") +
+         " op(B)=" + (g.transpose_b ? "T" : "N") + " epilogue=" + std::to_string(static_cast<int>(g.epilogue));
+}
+
+void check_shape(const LinearShape& s) {
+  if (s.rows <= 0 || s.out_features <= 0 || s.in_features <= 0) {
+    throw std::invalid_argument("linear: rows, out_features and in_features must be > 0 (got " +
+                                std::to_string(s.rows) + "x" + std::to_string(s.out_features) + "x" +
+                                std::to_string(s.in_features) + ")");
+  }
+}
+
+void check_operands(std::initializer_list<const void*> required) {
+  for (const void* p : required) {
+    if (p == nullptr) throw std::invalid_argument("linear: a required operand is null");
+  }
+}
+
+// cuBLASLt's GELU aux matrix wants a leading dimension divisible by 8 (cublasLt.h, EPILOGUE_AUX_LD).
+void check_gelu_stride(int features, int stride) {
+  if (stride % 8 != 0) {
+    throw std::invalid_argument(
+        "linear: bias_gelu needs a feature size divisible by 8 (cuBLASLt's GELU aux matrix) "
+        "or a padded shape (got " +
+        std::to_string(features) + ")");
+  }
+}
+
+}  // namespace
+
+const char* linear_epilogue_name(LinearEpilogue epilogue) {
+  return epilogue == LinearEpilogue::bias_gelu ? "bias_gelu" : "bias";
+}
+
+// ---- the cuBLASLt context: handle, workspace, plans
+
+LinearContext::LinearContext() {
+  FUSEKIT_CUBLAS_CHECK(cublasLtCreate(&handle_));
+  const cudaError_t status = cudaMalloc(&workspace_, kWorkspaceBytes);
+  if (status != cudaSuccess) {
+    cublasLtDestroy(handle_);
+    FUSEKIT_CUDA_CHECK(status);
+  }
+}
+
+LinearContext::~LinearContext() {
+  for (auto& [key, plan] : plans_) {
+    cublasLtMatrixLayoutDestroy(plan.a);
+    cublasLtMatrixLayoutDestroy(plan.b);
+    cublasLtMatrixLayoutDestroy(plan.d);
+    cublasLtMatmulDescDestroy(plan.desc);
+  }
+  cudaFree(workspace_);
+  cublasLtDestroy(handle_);
+}
+
+void LinearContext::run(const Gemm& g, cudaStream_t stream) {
+  // The heuristic's choice holds for pointers at least as aligned as those it was made with.
+  const unsigned alignment =
+      std::min({alignment_of(g.a), alignment_of(g.b), alignment_of(g.d), alignment_of(g.bias), alignment_of(g.aux)});
+  const Key key{static_cast<int>(g.dtype),    g.transpose_a, g.transpose_b, g.m, g.n, g.k,
+                static_cast<int>(g.epilogue), alignment};
+  auto found = plans_.find(key);
+  if (found == plans_.end()) {
+    Plan plan;
+    cublasLtMatmulPreference_t preference = nullptr;
+    try {
+      const cudaDataType_t type = cuda_type(g.dtype);
+      FUSEKIT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, g.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+      set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, g.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N);
+      set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(g.epilogue));
+      // The heuristic reads these pointers' values for their alignment.
+      if (g.bias) set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+      if (epilogue_has_aux(g.epilogue)) {
+        set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
+        set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<int64_t>(g.m));
+      }
+      // Column-major, densely packed: a stored matrix's leading dimension is its row count.
+      const uint64_t a_rows = g.transpose_a ? g.k : g.m, a_columns = g.transpose_a ? g.m : g.k;
+      const uint64_t b_rows = g.transpose_b ? g.n : g.k, b_columns = g.transpose_b ? g.k : g.n;
+      FUSEKIT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, type, a_rows, a_columns, a_rows));
+      FUSEKIT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, type, b_rows, b_columns, b_rows));
+      FUSEKIT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, type, g.m, g.n, g.m));
+
+      FUSEKIT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+      set_preference(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(kWorkspaceBytes));
+      for (auto attribute : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                             CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+        set_preference(preference, attribute, static_cast<uint32_t>(alignment));
+      }
+      cublasLtMatmulHeuristicResult_t result{};
+      int count = 0;
+      FUSEKIT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, plan.desc, plan.a, plan.b, plan.d, plan.d,
+                                                          preference, 1, &result, &count));
+      if (count == 0) {
+        throw std::runtime_error("linear: cuBLASLt found no algorithm for " + describe(g) + " (" +
+                                 cublasLtGetStatusString(CUBLAS_STATUS_NOT_SUPPORTED) + ")");
+      }
+      plan.algo = result.algo;
+      cublasLtMatmulPreferenceDestroy(preference);
+    } catch (...) {
+      if (preference) cublasLtMatmulPreferenceDestroy(preference);
+      if (plan.a) cublasLtMatrixLayoutDestroy(plan.a);
+      if (plan.b) cublasLtMatrixLayoutDestroy(plan.b);
+      if (plan.d) cublasLtMatrixLayoutDestroy(plan.d);
+      if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);
+      throw;
+    }
+    found = plans_.emplace(key, plan).first;
+  }
+  const Plan& plan = found->second;
+  if (g.bias) set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+  if (epilogue_has_aux(g.epilogue)) set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
+  const float alpha = 1.f, beta = 0.f;
+  const cublasStatus_t status = cublasLtMatmul(handle_, plan.desc, &alpha, g.a, plan.a, g.b, plan.b, &beta, g.d, plan.d,
+                                               g.d, plan.d, &plan.algo, workspace_, kWorkspaceBytes, stream);
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw std::runtime_error("linear: cublasLtMatmul failed for " + describe(g) + ": " +
+                             cublasLtGetStatusString(status));
+  }
+}
+
+// ---- launchers: the row-major operands mapped onto column-major GEMMs (see linear.h)
+
+void linear_forward(LinearContext& context, DType dtype, LinearEpilogue epilogue, const LinearShape& shape,
+                    const void* x, const void* weight, const void* bias, void* y, void* pre, cudaStream_t stream) {
+  check_shape(shape);
+  check_operands({x, weight, bias, y});
+  const bool gelu = epilogue == LinearEpilogue::bias_gelu;
+  if (gelu) {
+    check_gelu_stride(shape.out_features, shape.out_stride());
+    check_operands({pre});
+  }
+  // y^T [N, M] = W [N, K] x^T [K, M]: A = W, stored K x N (op T); B = x, stored K x M.
+  context.run({dtype, true, false, shape.out_stride(), shape.rows, shape.in_stride(),
+               gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS, weight, x, y, const_cast<void*>(bias),
+               gelu ? pre : nullptr},
+              stream);
+}
+
+void linear_backward(LinearContext& context, DType dtype, const LinearShape& shape, const void* dy, const void* x,
+                     const void* weight, void* dx, void* dweight, void* dbias, cudaStream_t stream) {
+  check_shape(shape);
+  check_operands({dy, x, weight, dweight});
+  // dW^T [K, N] = x^T [K, M] dy [M, N]: A = x, stored K x M; B = dy, stored N x M (op T). BGRADB sums
+  // op(B) over the GEMM's k (= M): db = sum_rows(dy), N elements, one per column of D.
+  context.run({dtype, false, true, shape.in_stride(), shape.out_stride(), shape.rows,
+               dbias ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT, x, dy, dweight, dbias, nullptr},
+              stream);
+  if (dx) {
+    // dx^T [K, M] = W^T [K, N] dy^T [N, M]: A = W, stored K x N; B = dy, stored N x M.
+    context.run({dtype, false, false, shape.in_stride(), shape.rows, shape.out_stride(), CUBLASLT_EPILOGUE_DEFAULT,
+                 weight, dy, dx, nullptr, nullptr},
+                stream);
+  }
+}
+
+void linear_gelu_backward_input(LinearContext& context, DType dtype, const LinearShape& next, const void* dz,
+                                const void* weight_next, const void* pre, void* dpre, void* dbias,
+                                cudaStream_t stream) {
+  check_shape(next);
+  check_operands({dz, weight_next, pre, dpre, dbias});
+  check_gelu_stride(next.in_features, next.in_stride());
+  // next's input gradient, dpre^T [N, M] = W2^T [N, N2] dz^T [N2, M], with gelu'(pre) applied to D and
+  // D's row sums (over M) written to dbias: DGELU_BGRAD, pre as the aux input (ld N, like D).
+  context.run({dtype, false, false, next.in_stride(), next.rows, next.out_stride(), CUBLASLT_EPILOGUE_DGELU_BGRAD,
+               weight_next, dz, dpre, dbias, const_cast<void*>(pre)},
+              stream);
+}
+
+}  // namespace fusekit::kernels

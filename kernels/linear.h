@@ -1,0 +1,123 @@
+// A Transformer linear layer (torch.nn.Linear) as cuBLASLt GEMMs with fused epilogues, forward and
+// backward, the way an FFN uses it: up projection with bias + GELU, down projection with bias.
+//
+//   forward, bias:       y = x W^T + b
+//   forward, bias_gelu:  pre = x W^T + b,  y = gelu(pre)     (pre written too: the backward's input)
+//   backward, bias:      dx = dy W,  dW = dy^T x,  db = sum_rows(dy)   (db fused into the dW GEMM: BGRADB)
+//   gelu:                gelu(z) = z/2 (1 + tanh(k (z + a z^3))), k = sqrt(2/pi), a = 0.044715: the tanh
+//                        form, which is what cuBLASLt's GELU epilogues compute (PyTorch approximate="tanh")
+//
+// x: [M, K], W: [N, K] (torch.nn.Linear's weight), b: [N], y, pre, dy: [M, N]; row-major, all of one
+// storage type (float, half, bfloat16), accumulation in float (CUBLAS_COMPUTE_32F; fp32 is plain
+// fp32, never TF32).
+//
+// The backward through GELU. cuBLASLt applies gelu' only to a GEMM's *output*, with the saved
+// pre-activation as its aux input (DGELU_BGRAD), so dpre = dy * gelu'(pre) cannot be fused into this
+// layer's own GEMMs (they consume dpre). It fuses into the GEMM that produces dy: in an FFN, the next
+// layer's input gradient. So the backward of a bias_gelu layer is, for the next layer
+// (shape M x N2 x N, weight W2: [N2, N], output gradient dz: [M, N2]):
+//   1. linear_gelu_backward_input:  dpre = gelu'(pre) * (dz W2),  db = sum_rows(dpre)   (one GEMM, DGELU_BGRAD)
+//   2. linear_backward with dy = dpre and no db:  dW = dpre^T x,  dx = dpre W            (two plain GEMMs)
+// The next layer's own dW2 and db2 come from its linear_backward as usual.
+//
+// Row-major onto column-major: a row-major [R, C] matrix is the column-major [C, R] matrix, its
+// transpose, with leading dimension C. So cuBLASLt computes y^T = W x^T: m = N, n = M, k = K, A = W
+// (column-major K x N, op T), B = x (K x M, op N), D = y^T (N x M, ld N). The bias then runs along D's
+// rows, as CUBLASLT_EPILOGUE_BIAS wants it; the gradients map the same way (linear.cu).
+//
+// Padding (`padded`): the feature sizes N and K are rounded up to multiples of 8 (49 -> 56, as NVIDIA
+// padded Swin's window GEMMs), so every row starts 16-byte aligned and the GEMMs run on tensor-core
+// friendly sizes. Every [., N] and [., K] operand then has N_pad or K_pad columns (and b, db N_pad
+// elements); the GEMMs run over the padded extents. The caller keeps the pad columns of the inputs
+// (x, W, b, dy, dz, W2) zero; then the outputs' pad columns come out zero too (gelu(0) = 0 and a
+// zero row of a GEMM operand contributes nothing), the math is unchanged, and padded tensors can flow
+// from layer to layer. cuBLASLt's aux matrix (pre) needs a leading dimension divisible by 8, so the
+// GELU epilogues require N % 8 == 0 or `padded`.
+//
+// LinearContext owns the cuBLASLt handle, a 32 MiB workspace and a plan per (sizes, transposes,
+// dtype, epilogue, pointer alignment): descriptors and the heuristic's algorithm, made on first use.
+// Repeated calls set only the pointers; nothing is allocated per call. One context per device; it is
+// not thread-safe.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <map>
+#include <tuple>
+
+#include "kernels/dtype.h"
+
+namespace fusekit::kernels {
+
+enum class LinearEpilogue { bias, bias_gelu };
+
+const char* linear_epilogue_name(LinearEpilogue epilogue);  // "bias" | "bias_gelu"
+
+inline int linear_padded_size(int features) { return (features + 7) / 8 * 8; }
+
+struct LinearShape {
+  int rows = 0;          // M: tokens
+  int out_features = 0;  // N
+  int in_features = 0;   // K
+  bool padded = false;   // feature sizes rounded up to multiples of 8 (see above)
+
+  // Row strides, in elements, of the [., N] and [., K] operands: the extents the GEMMs run over.
+  int out_stride() const { return padded ? linear_padded_size(out_features) : out_features; }
+  int in_stride() const { return padded ? linear_padded_size(in_features) : in_features; }
+};
+
+class LinearContext {
+ public:
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+  LinearContext();  // on the current device
+  ~LinearContext();
+  LinearContext(const LinearContext&) = delete;
+  LinearContext& operator=(const LinearContext&) = delete;
+
+  // Internal: one GEMM D = op(A) op(B) with an epilogue, column-major, through a cached plan.
+  struct Gemm {
+    DType dtype;
+    bool transpose_a, transpose_b;
+    int m, n, k;
+    cublasLtEpilogue_t epilogue;
+    const void *a, *b;
+    void* d;
+    void* bias;  // bias (input) or bias gradient (output), or null
+    void* aux;   // GELU pre-activation (output of GELU_AUX_BIAS, input of DGELU_BGRAD), or null
+  };
+  void run(const Gemm& gemm, cudaStream_t stream);
+
+  size_t plans() const { return plans_.size(); }  // plans made so far (tests check the cache)
+
+ private:
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  using Key = std::tuple<int, bool, bool, int, int, int, int, unsigned>;  // ..., alignment
+
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  std::map<Key, Plan> plans_;
+};
+
+// y: [M, N]; pre: [M, N] for bias_gelu (written), ignored (may be null) for bias.
+void linear_forward(LinearContext& context, DType dtype, LinearEpilogue epilogue, const LinearShape& shape,
+                    const void* x, const void* weight, const void* bias, void* y, void* pre, cudaStream_t stream);
+
+// dx: [M, K] (null: not computed, e.g. for a first layer), dweight: [N, K], dbias: [N] (null: not
+// computed, e.g. after linear_gelu_backward_input made it).
+void linear_backward(LinearContext& context, DType dtype, const LinearShape& shape, const void* dy, const void* x,
+                     const void* weight, void* dx, void* dweight, void* dbias, cudaStream_t stream);
+
+// The gradient through the GELU of the layer before `next`, fused into next's input-gradient GEMM:
+// dpre = gelu'(pre) * (dz W_next), dbias = sum_rows(dpre). next = M x N2 x N; dz: [M, N2];
+// weight_next: [N2, N]; pre (the earlier layer's saved pre-activation), dpre: [M, N]; dbias: [N].
+void linear_gelu_backward_input(LinearContext& context, DType dtype, const LinearShape& next, const void* dz,
+                                const void* weight_next, const void* pre, void* dpre, void* dbias, cudaStream_t stream);
+
+}  // namespace fusekit::kernels

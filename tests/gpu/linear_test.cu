@@ -1,0 +1,282 @@
+// The linear layer's cuBLASLt GEMMs against the float64 reference, on fresh random inputs, with every
+// output poisoned (NaN) first: fp16, bf16 (and fp32 on a few shapes), both epilogues, padded and
+// unpadded; rows 1, 7, 333; out_features 8, 49, 56, 768; in_features 8, 32, 49, 768. Each stage is
+// checked on the inputs it was given: the GELU backward on the pre-activation the forward stored,
+// the weight and input gradients of a bias_gelu layer on the dpre the GELU backward stored. Padded
+// runs must leave every pad column zero and agree with unpadded runs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "device_buffers.h"
+#include "gpu_test_support.h"
+#include "kernels/linear.h"
+#include "kernels/reference/linear.h"
+
+namespace fusekit::kernels {
+namespace {
+
+// A row-major [rows, columns] matrix stored with `stride` columns, the pad columns zero.
+std::vector<double> pad(const std::vector<double>& v, int rows, int columns, int stride) {
+  std::vector<double> out(static_cast<size_t>(rows) * stride, 0.0);
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < columns; ++c)
+      out[static_cast<size_t>(r) * stride + c] = v[static_cast<size_t>(r) * columns + c];
+  }
+  return out;
+}
+
+std::vector<double> unpad(const std::vector<double>& v, int rows, int columns, int stride) {
+  std::vector<double> out(static_cast<size_t>(rows) * columns);
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < columns; ++c)
+      out[static_cast<size_t>(r) * columns + c] = v[static_cast<size_t>(r) * stride + c];
+  }
+  return out;
+}
+
+bool pads_are_zero(const std::vector<double>& v, int rows, int columns, int stride) {
+  for (int r = 0; r < rows; ++r) {
+    for (int c = columns; c < stride; ++c) {
+      if (v[static_cast<size_t>(r) * stride + c] != 0.0) return false;
+    }
+  }
+  return true;
+}
+
+// A device matrix in the layer's (possibly padded) layout, uploaded from or downloaded to an unpadded one.
+struct Matrix {
+  int rows, columns, stride;
+  Buffer buffer;
+  Matrix(int rows_, int columns_, int stride_, DType dtype)
+      : rows(rows_), columns(columns_), stride(stride_), buffer(static_cast<size_t>(rows_) * stride_, dtype) {}
+  void upload(std::vector<double>& values) {  // values: rounded to the storage type in place
+    std::vector<double> padded = pad(values, rows, columns, stride);
+    buffer.upload(padded);
+    values = unpad(padded, rows, columns, stride);
+  }
+  std::vector<double> download(bool& pads_zero) const {
+    const std::vector<double> padded = buffer.download();
+    pads_zero = pads_zero && pads_are_zero(padded, rows, columns, stride);
+    return unpad(padded, rows, columns, stride);
+  }
+  void* get() const { return buffer.get(); }
+};
+
+struct Inputs {
+  std::vector<double> x, weight, bias, dy;  // dy: bias epilogue
+  std::vector<double> weight_next, dz;      // bias_gelu: the next layer, K features back to the model width
+};
+
+struct Outputs {
+  std::vector<double> y, pre, dpre, dbias, dx, dweight;
+  bool pads_zero = true;
+};
+
+Inputs random_inputs(int M, int N, int K) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto fill = [&](size_t n, double scale) {
+    std::vector<double> v(n);
+    for (double& e : v) e = scale * normal(rng);
+    return v;
+  };
+  // Weights of variance 1/K keep pre-activations near unit scale: both GELU tails and its bend.
+  return {fill(size_t(M) * K, 1.0), fill(size_t(N) * K, 1.0 / std::sqrt(K)), fill(N, 0.5),
+          fill(size_t(M) * N, 1.0), fill(size_t(K) * N, 1.0 / std::sqrt(N)), fill(size_t(M) * K, 1.0)};
+}
+
+// Forward, then backward (for bias_gelu: the GELU backward fused into the next layer's input
+// gradient, then the weight and input gradients from the dpre it stored). `in` is rounded to the
+// storage type in place.
+Outputs run_linear(LinearContext& context, DType dtype, LinearEpilogue epilogue, const LinearShape& shape, Inputs& in) {
+  const int M = shape.rows, N = shape.out_features, K = shape.in_features;
+  const int Ns = shape.out_stride(), Ks = shape.in_stride();
+  const bool gelu = epilogue == LinearEpilogue::bias_gelu;
+  Matrix x(M, K, Ks, dtype), weight(Ns, K, Ks, dtype), bias(1, N, Ns, dtype);
+  // Pad rows of the weight are zero too: the matrix is [N_pad, K_pad], zero outside [N, K].
+  Matrix y(M, N, Ns, dtype), pre(M, N, Ns, dtype), dx(M, K, Ks, dtype), dweight(Ns, K, Ks, dtype),
+      dbias(1, N, Ns, dtype), dpre(M, N, Ns, dtype), dy(M, N, Ns, dtype);
+  std::vector<double> weight_rows = pad(in.weight, N, K, K);
+  weight_rows.resize(size_t(Ns) * K, 0.0);
+  weight.upload(weight_rows);
+  in.weight = std::vector<double>(weight_rows.begin(), weight_rows.begin() + size_t(N) * K);
+  x.upload(in.x);
+  bias.upload(in.bias);
+
+  Outputs out;
+  linear_forward(context, dtype, epilogue, shape, x.get(), weight.get(), bias.get(), y.get(),
+                 gelu ? pre.get() : nullptr, nullptr);
+  if (gelu) {
+    const LinearShape next{M, K, N, shape.padded};  // the FFN's down projection: N features back to K
+    Matrix dz(M, K, Ks, dtype), weight_next(Ks, N, Ns, dtype);
+    dz.upload(in.dz);
+    std::vector<double> next_rows = pad(in.weight_next, K, N, N);
+    next_rows.resize(size_t(Ks) * N, 0.0);
+    weight_next.upload(next_rows);
+    in.weight_next = std::vector<double>(next_rows.begin(), next_rows.begin() + size_t(K) * N);
+    linear_gelu_backward_input(context, dtype, next, dz.get(), weight_next.get(), pre.get(), dpre.get(), dbias.get(),
+                               nullptr);
+    linear_backward(context, dtype, shape, dpre.get(), x.get(), weight.get(), dx.get(), dweight.get(), nullptr,
+                    nullptr);
+  } else {
+    dy.upload(in.dy);
+    linear_backward(context, dtype, shape, dy.get(), x.get(), weight.get(), dx.get(), dweight.get(), dbias.get(),
+                    nullptr);
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  out.y = y.download(out.pads_zero);
+  if (gelu) {
+    out.pre = pre.download(out.pads_zero);
+    out.dpre = dpre.download(out.pads_zero);
+  }
+  out.dbias = dbias.download(out.pads_zero);
+  out.dx = dx.download(out.pads_zero);
+  const std::vector<double> dweight_padded = dweight.buffer.download();
+  for (size_t i = size_t(N) * Ks; i < dweight_padded.size(); ++i)
+    out.pads_zero = out.pads_zero && dweight_padded[i] == 0.0;
+  out.dweight = dweight.download(out.pads_zero);
+  out.dweight.resize(size_t(N) * K);
+  return out;
+}
+
+struct Shape {
+  int M, N, K;
+};
+
+struct Param {
+  DType dtype;
+  LinearEpilogue epilogue;
+  Shape shape;
+  bool padded;
+};
+
+class LinearTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(LinearTest, EveryOutputMatchesFloat64Reference) {
+  FUSEKIT_REQUIRE_GPU();
+  const Param p = GetParam();
+  const int M = p.shape.M, N = p.shape.N, K = p.shape.K;
+  const bool gelu = p.epilogue == LinearEpilogue::bias_gelu;
+  LinearContext context;
+  Inputs in = random_inputs(M, N, K);
+  const Outputs out = run_linear(context, p.dtype, p.epilogue, {M, N, K, p.padded}, in);
+
+  const double tol = tolerance(p.dtype);
+  const auto forward = reference::linear_forward(in.x, in.weight, in.bias, M, N, K, gelu);
+  EXPECT_LT(relative_error(out.y, forward.y), tol) << "y";
+  if (gelu) {
+    EXPECT_LT(relative_error(out.pre, forward.pre), tol) << "pre";
+    // Each stage on the inputs it was given: the stored pre, then the stored dpre.
+    const auto gelu_grad = reference::linear_gelu_backward_input(in.dz, in.weight_next, out.pre, M, K, N);
+    EXPECT_LT(relative_error(out.dpre, gelu_grad.dpre), tol) << "dpre";
+    EXPECT_LT(relative_error(out.dbias, gelu_grad.dbias), tol) << "dbias";
+    const auto grad = reference::linear_backward(out.dpre, in.x, in.weight, M, N, K);
+    EXPECT_LT(relative_error(out.dx, grad.dx), tol) << "dx";
+    EXPECT_LT(relative_error(out.dweight, grad.dweight), tol) << "dweight";
+  } else {
+    const auto grad = reference::linear_backward(in.dy, in.x, in.weight, M, N, K);
+    EXPECT_LT(relative_error(out.dx, grad.dx), tol) << "dx";
+    EXPECT_LT(relative_error(out.dweight, grad.dweight), tol) << "dweight";
+    EXPECT_LT(relative_error(out.dbias, grad.dbias), tol) << "dbias";
+  }
+  EXPECT_TRUE(out.pads_zero) << "a pad column of an output is not zero";
+}
+
+// The padding changes the GEMMs' sizes and leading dimensions, not the results: the same inputs,
+// unpadded and padded, agree to the dtype's bound (the algorithms, hence summation orders, differ).
+TEST(Linear, PaddedAndUnpaddedAgree) {
+  FUSEKIT_REQUIRE_GPU();
+  LinearContext context;
+  for (const DType dtype : {DType::f16, DType::bf16}) {
+    for (const Shape s : {Shape{333, 49, 32}, Shape{333, 32, 49}, Shape{7, 49, 49}, Shape{1, 56, 49}}) {
+      Inputs in = random_inputs(s.M, s.N, s.K);
+      const Outputs plain = run_linear(context, dtype, LinearEpilogue::bias, {s.M, s.N, s.K, false}, in);
+      const Outputs padded = run_linear(context, dtype, LinearEpilogue::bias, {s.M, s.N, s.K, true}, in);
+      const std::string at = std::string(dtype_name(dtype)) + " " + std::to_string(s.M) + "x" + std::to_string(s.N) +
+                             "x" + std::to_string(s.K);
+      const double tol = tolerance(dtype);
+      EXPECT_LT(relative_error(padded.y, plain.y), tol) << "y " << at;
+      EXPECT_LT(relative_error(padded.dx, plain.dx), tol) << "dx " << at;
+      EXPECT_LT(relative_error(padded.dweight, plain.dweight), tol) << "dweight " << at;
+      EXPECT_LT(relative_error(padded.dbias, plain.dbias), tol) << "dbias " << at;
+      EXPECT_TRUE(padded.pads_zero) << at;
+    }
+  }
+}
+
+// The second call of the same shape makes no new plan (no descriptors, no heuristic query).
+TEST(Linear, RepeatedCallsReuseThePlan) {
+  FUSEKIT_REQUIRE_GPU();
+  LinearContext context;
+  Inputs in = random_inputs(64, 768, 256);
+  const LinearShape shape{64, 768, 256, false};
+  const Outputs first = run_linear(context, DType::f16, LinearEpilogue::bias_gelu, shape, in);
+  const size_t plans = context.plans();
+  EXPECT_EQ(plans, 4u);  // forward, the GELU backward, dW, dx
+  const Outputs second = run_linear(context, DType::f16, LinearEpilogue::bias_gelu, shape, in);
+  EXPECT_EQ(context.plans(), plans);
+  EXPECT_EQ(relative_error(second.y, first.y), 0.0);  // same plan, same inputs: the same bits
+}
+
+TEST(Linear, RejectsBadSizes) {
+  FUSEKIT_REQUIRE_GPU();
+  LinearContext context;
+  Buffer a(64, DType::f16), b(64, DType::f16), c(64, DType::f16), d(64, DType::f16), e(64, DType::f16);
+  EXPECT_THROW(linear_forward(context, DType::f16, LinearEpilogue::bias, {0, 8, 8, false}, a.get(), b.get(), c.get(),
+                              d.get(), nullptr, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(linear_forward(context, DType::f16, LinearEpilogue::bias, {1, 8, 8, false}, nullptr, b.get(), c.get(),
+                              d.get(), nullptr, nullptr),
+               std::invalid_argument);
+  // cuBLASLt's GELU aux matrix needs a leading dimension divisible by 8: 7 features only padded.
+  EXPECT_THROW(linear_forward(context, DType::f16, LinearEpilogue::bias_gelu, {1, 7, 8, false}, a.get(), b.get(),
+                              c.get(), d.get(), e.get(), nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(linear_gelu_backward_input(context, DType::f16, {1, 8, 7, false}, a.get(), b.get(), c.get(), d.get(),
+                                          e.get(), nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(linear_backward(context, DType::f16, {2, -1, 8, false}, a.get(), b.get(), c.get(), d.get(), e.get(),
+                               nullptr, nullptr),
+               std::invalid_argument);
+  EXPECT_EQ(context.plans(), 0u);
+}
+
+std::vector<Param> params() {
+  const Shape shapes[] = {{1, 8, 8},      {7, 49, 32},     {7, 56, 49},   {333, 49, 49}, {333, 768, 49},
+                          {333, 49, 768}, {333, 768, 768}, {1, 768, 768}, {7, 8, 768},   {333, 56, 32}};
+  std::vector<Param> out;
+  for (const DType dtype : {DType::f16, DType::bf16}) {
+    for (const LinearEpilogue epilogue : {LinearEpilogue::bias, LinearEpilogue::bias_gelu}) {
+      for (const Shape s : shapes) {
+        for (const bool padded : {false, true}) {
+          if (padded && s.N % 8 == 0 && s.K % 8 == 0) continue;  // the same GEMMs as unpadded
+          // Unpadded GELU layers need N divisible by 8 (the leading dimension of cuBLASLt's aux matrix).
+          if (!padded && epilogue == LinearEpilogue::bias_gelu && s.N % 8 != 0) continue;
+          out.push_back({dtype, epilogue, s, padded});
+        }
+      }
+    }
+  }
+  // fp32: plain fp32 GEMMs (no TF32), held to 1e-5; the tanh form of GELU shows at this precision.
+  for (const LinearEpilogue epilogue : {LinearEpilogue::bias, LinearEpilogue::bias_gelu}) {
+    out.push_back({DType::f32, epilogue, {333, 768, 768}, false});
+    out.push_back({DType::f32, epilogue, {7, 49, 32}, true});
+  }
+  return out;
+}
+
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+  const Param& p = info.param;
+  return std::string(dtype_name(p.dtype)) + "_" + linear_epilogue_name(p.epilogue) + "_" + std::to_string(p.shape.M) +
+         "x" + std::to_string(p.shape.N) + "x" + std::to_string(p.shape.K) + (p.padded ? "_padded" : "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest, ::testing::ValuesIn(params()), param_name);
+
+}  // namespace
+}  // namespace fusekit::kernels
