@@ -21,7 +21,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # Suite order (suites/ops/ops_suite.cpp).
-OPERATORS = ["layernorm", "bias_gelu", "softmax", "bias_dropout_residual_layernorm", "cross_entropy", "adamw"]
+OPERATORS = ["layernorm", "bias_gelu", "softmax", "bias_dropout_residual_layernorm", "cross_entropy", "adamw",
+             "embedding_layernorm"]
 SCHEMA_VERSION = "1"
 
 
