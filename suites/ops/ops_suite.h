@@ -52,5 +52,6 @@ OpDefinition softmax_op();
 OpDefinition bias_dropout_residual_layernorm_op();
 OpDefinition adamw_op();
 OpDefinition cross_entropy_op();
+OpDefinition embedding_layernorm_op();
 
 }  // namespace fusekit::suites
