@@ -53,5 +53,6 @@ OpDefinition bias_dropout_residual_layernorm_op();
 OpDefinition adamw_op();
 OpDefinition cross_entropy_op();
 OpDefinition linear_op();
+OpDefinition embedding_layernorm_op();
 
 }  // namespace fusekit::suites
