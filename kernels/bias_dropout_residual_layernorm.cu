@@ -204,18 +204,17 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
   __shared__ float scratch[kWarpSize];
   extern __shared__ float warp_partial[];  // lanes per row: [warps][3][C], combined before the write
   using V = Vec<T, VEC>;
-  constexpr bool kWarpPerRow = RowGroups<TPR>::kLanesPerRow;
   const RowGroups<TPR> rg;
   const int groups = rg.count, group = rg.index, t = rg.thread;
   auto reduce = [&](float v) { return rg.sum(v, scratch); };
   const int C = a.C;
   const bool has_extra = a.dh_extra != nullptr;
 
-  float dgamma[NV][VEC], dbeta[NV][VEC], dbias[NV][VEC];
+  float acc[3][NV][VEC];  // dgamma, dbeta, dbias of this thread's columns
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) dgamma[j][k] = dbeta[j][k] = dbias[j][k] = 0.f;
+    for (int k = 0; k < VEC; ++k) acc[0][j][k] = acc[1][j][k] = acc[2][j][k] = 0.f;
   }
   for (int first = blockIdx.x * groups; first < a.rows; first += gridDim.x * groups) {
     const int row = first + group;
@@ -257,8 +256,8 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
           const float g = __fmul_rn(d, to_float(gv.v[k]));
           sum_g += g;
           sum_gx += g * xhat;
-          dgamma[j][k] += d * xhat;
-          dbeta[j][k] += d;
+          acc[0][j][k] += d * xhat;
+          acc[1][j][k] += d;
         }
       }
     }
@@ -279,7 +278,7 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
           float dh = rs * (g - mean_g - xhat * mean_gx);
           if (has_extra) dh += to_float(extra.v[k]);
           const float d = dh * a.dropout.multiplier(kept[j], k);
-          dbias[j][k] += d;
+          acc[2][j][k] += d;
           dres.v[k] = from_float<T>(dh);
           dxo.v[k] = from_float<T>(d);
         }
@@ -289,57 +288,7 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     }
   }
 
-  float* block_partial = a.partial + static_cast<size_t>(blockIdx.x) * 3 * C;
-  if constexpr (!kWarpPerRow) {
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-      const int c = (j * TPR + t) * VEC;
-      if (c < C) {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          block_partial[c + k] = dgamma[j][k];
-          block_partial[C + c + k] = dbeta[j][k];
-          block_partial[2 * C + c + k] = dbias[j][k];
-        }
-      }
-    }
-  } else {
-    // The row groups of a warp hold the same columns: sum across them with shuffles, then across
-    // the block's warps in shared memory.
-    const int warp = threadIdx.x / kWarpSize, warps = blockDim.x / kWarpSize;
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-#pragma unroll
-        for (int offset = TPR; offset < kWarpSize; offset *= 2) {
-          dgamma[j][k] += __shfl_xor_sync(0xffffffffu, dgamma[j][k], offset);
-          dbeta[j][k] += __shfl_xor_sync(0xffffffffu, dbeta[j][k], offset);
-          dbias[j][k] += __shfl_xor_sync(0xffffffffu, dbias[j][k], offset);
-        }
-      }
-    }
-    if (threadIdx.x % kWarpSize < TPR) {
-#pragma unroll
-      for (int j = 0; j < NV; ++j) {
-        const int c = (j * TPR + t) * VEC;
-        if (c < C) {
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) {
-            warp_partial[(warp * 3) * C + c + k] = dgamma[j][k];
-            warp_partial[(warp * 3 + 1) * C + c + k] = dbeta[j][k];
-            warp_partial[(warp * 3 + 2) * C + c + k] = dbias[j][k];
-          }
-        }
-      }
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < 3 * C; i += blockDim.x) {
-      float s = 0.f;
-      for (int w = 0; w < warps; ++w) s += warp_partial[w * 3 * C + i];
-      block_partial[i] = s;
-    }
-  }
+  write_block_partials<3, NV, VEC, TPR>(acc, a.partial + static_cast<size_t>(blockIdx.x) * 3 * C, warp_partial, C, t);
 }
 
 // Any row length: a block per row; the block's partial rows accumulate in global memory, which only

@@ -287,7 +287,6 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
   __shared__ float scratch[kWarpSize];
   extern __shared__ float dynamic_shared[];  // [warps][2][C] (lanes per row), then [types][C] type sums
   using V = Vec<T, VEC>;
-  constexpr bool kWarpPerRow = RowGroups<TPR>::kLanesPerRow;
   const RowGroups<TPR> rg;
   const int groups = rg.count, group = rg.index, t = rg.thread;
   auto reduce = [&](float v) { return rg.sum(v, scratch); };
@@ -299,11 +298,11 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     __syncthreads();
   }
 
-  float dgamma[NV][VEC], dbeta[NV][VEC];
+  float acc[2][NV][VEC];  // dgamma, dbeta of this thread's columns
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) dgamma[j][k] = dbeta[j][k] = 0.f;
+    for (int k = 0; k < VEC; ++k) acc[0][j][k] = acc[1][j][k] = 0.f;
   }
   for (int first = blockIdx.x * groups; first < a.rows; first += gridDim.x * groups) {
     const int row = first + group;
@@ -336,8 +335,8 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
           const float g = __fmul_rn(d, to_float(gv.v[k]));
           sum_g += g;
           sum_gx += g * xhat;
-          dgamma[j][k] += d * xhat;
-          dbeta[j][k] += d;
+          acc[0][j][k] += d * xhat;
+          acc[1][j][k] += d;
         }
       }
     }
@@ -374,55 +373,7 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     }
   }
 
-  float* block_partial = a.partial + static_cast<size_t>(blockIdx.x) * 2 * C;
-  if constexpr (!kWarpPerRow) {
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-      const int c = (j * TPR + t) * VEC;
-      if (c < C) {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          block_partial[c + k] = dgamma[j][k];
-          block_partial[C + c + k] = dbeta[j][k];
-        }
-      }
-    }
-  } else {
-    // The row groups of a warp hold the same columns: sum across them with shuffles, then across the
-    // block's warps in shared memory.
-    float* warp_partial = dynamic_shared;
-    const int warp = threadIdx.x / kWarpSize, warps = blockDim.x / kWarpSize;
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-#pragma unroll
-        for (int offset = TPR; offset < kWarpSize; offset *= 2) {
-          dgamma[j][k] += __shfl_xor_sync(0xffffffffu, dgamma[j][k], offset);
-          dbeta[j][k] += __shfl_xor_sync(0xffffffffu, dbeta[j][k], offset);
-        }
-      }
-    }
-    if (threadIdx.x % kWarpSize < TPR) {
-#pragma unroll
-      for (int j = 0; j < NV; ++j) {
-        const int c = (j * TPR + t) * VEC;
-        if (c < C) {
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) {
-            warp_partial[(warp * 2) * C + c + k] = dgamma[j][k];
-            warp_partial[(warp * 2 + 1) * C + c + k] = dbeta[j][k];
-          }
-        }
-      }
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) {
-      float s = 0.f;
-      for (int w = 0; w < warps; ++w) s += warp_partial[w * 2 * C + i];
-      block_partial[i] = s;
-    }
-  }
+  write_block_partials<2, NV, VEC, TPR>(acc, a.partial + static_cast<size_t>(blockIdx.x) * 2 * C, dynamic_shared, C, t);
   if (type_sums) {
     __syncthreads();
     float* to = a.small_sums + static_cast<size_t>(positions) * C;

@@ -63,15 +63,14 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     } else {
       load_row(in, row);
     }
-    float v[NV][VEC];
+    // The row stays packed in its storage type (half the registers of floats for 16-bit types, so
+    // more rows in flight per multiprocessor); each pass converts it again.
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
-      const bool present = valid && (j * TPR + t) * VEC < C;
+      if (valid && (j * TPR + t) * VEC < C) {
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        v[j][k] = present ? to_float(in[j].v[k]) : 0.f;
-        sum += v[j][k];
+        for (int k = 0; k < VEC; ++k) sum += to_float(in[j].v[k]);
       }
     }
     const float mu = reduce(sum) / C;
@@ -80,7 +79,10 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     for (int j = 0; j < NV; ++j) {
       if (valid && (j * TPR + t) * VEC < C) {
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) squares += (v[j][k] - mu) * (v[j][k] - mu);
+        for (int k = 0; k < VEC; ++k) {
+          const float d = to_float(in[j].v[k]) - mu;
+          squares += d * d;
+        }
       }
     }
     const float rs = rsqrtf(reduce(squares) / C + eps);
@@ -93,7 +95,7 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
         V out;
 #pragma unroll
         for (int k = 0; k < VEC; ++k)
-          out.v[k] = from_float<T>((v[j][k] - mu) * rs * to_float(g.v[k]) + to_float(b.v[k]));
+          out.v[k] = from_float<T>((to_float(in[j].v[k]) - mu) * rs * to_float(g.v[k]) + to_float(b.v[k]));
         out.store(yr + c);
       }
     }
@@ -139,16 +141,15 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
   __shared__ float scratch[kWarpSize];
   extern __shared__ float warp_partial[];  // lanes per row: [warps][2][C], combined before the write
   using V = Vec<T, VEC>;
-  constexpr bool kWarpPerRow = RowGroups<TPR>::kLanesPerRow;
   const RowGroups<TPR> rg;
   const int groups = rg.count, group = rg.index, t = rg.thread;
   auto reduce = [&](float v) { return rg.sum(v, scratch); };
 
-  float dgamma[NV][VEC], dbeta[NV][VEC];
+  float acc[2][NV][VEC];  // dgamma, dbeta of this thread's columns
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) dgamma[j][k] = dbeta[j][k] = 0.f;
+    for (int k = 0; k < VEC; ++k) acc[0][j][k] = acc[1][j][k] = 0.f;
   }
   for (int first = blockIdx.x * groups; first < rows; first += gridDim.x * groups) {
     const int row = first + group;
@@ -175,8 +176,8 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
           const float g = __fmul_rn(d, to_float(gv.v[k]));
           sum_g += g;
           sum_gx += g * xhat;
-          dgamma[j][k] += d * xhat;
-          dbeta[j][k] += d;
+          acc[0][j][k] += d * xhat;
+          acc[1][j][k] += d;
         }
       }
     }
@@ -199,54 +200,7 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     }
   }
 
-  float* block_partial = partial + static_cast<size_t>(blockIdx.x) * 2 * C;
-  if constexpr (!kWarpPerRow) {
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-      const int c = (j * TPR + t) * VEC;
-      if (c < C) {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          block_partial[c + k] = dgamma[j][k];
-          block_partial[C + c + k] = dbeta[j][k];
-        }
-      }
-    }
-  } else {
-    // The row groups of a warp hold the same columns: sum across them with shuffles, then across
-    // the block's warps in shared memory.
-    const int warp = threadIdx.x / kWarpSize, warps = blockDim.x / kWarpSize;
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-#pragma unroll
-        for (int offset = TPR; offset < kWarpSize; offset *= 2) {
-          dgamma[j][k] += __shfl_xor_sync(0xffffffffu, dgamma[j][k], offset);
-          dbeta[j][k] += __shfl_xor_sync(0xffffffffu, dbeta[j][k], offset);
-        }
-      }
-    }
-    if (threadIdx.x % kWarpSize < TPR) {
-#pragma unroll
-      for (int j = 0; j < NV; ++j) {
-        const int c = (j * TPR + t) * VEC;
-        if (c < C) {
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) {
-            warp_partial[(warp * 2) * C + c + k] = dgamma[j][k];
-            warp_partial[(warp * 2 + 1) * C + c + k] = dbeta[j][k];
-          }
-        }
-      }
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) {
-      float s = 0.f;
-      for (int w = 0; w < warps; ++w) s += warp_partial[w * 2 * C + i];
-      block_partial[i] = s;
-    }
-  }
+  write_block_partials<2, NV, VEC, TPR>(acc, partial + static_cast<size_t>(blockIdx.x) * 2 * C, warp_partial, C, t);
 }
 
 // Any row length: a block per row; the block's partial row accumulates in global memory, which only

@@ -94,6 +94,63 @@ void dispatch_vector_width(int vec, FN&& fn) {
     fn(std::integral_constant<int, 16 / sizeof(T)>{});
 }
 
+// The end of a backward kernel's first reduction stage: each thread holds K parameter-gradient
+// accumulators for its columns (acc[k][j][v] for column (j * TPR + t) * VEC + v), summed over the
+// rows it visited; the block writes their sum over its row groups as K partial rows of C floats,
+// block_partial[k * C + c]. A block per row: every column has one owner thread, which writes it.
+// Lanes per row: the row groups of a warp hold the same columns, so they meet with shuffles, then
+// the block's warps in `warp_partial` (dynamic shared memory of K * C floats per warp).
+template <int K, int NV, int VEC, int TPR>
+__device__ void write_block_partials(float (&acc)[K][NV][VEC], float* __restrict__ block_partial,
+                                     float* __restrict__ warp_partial, int C, int t) {
+  if constexpr (!RowGroups<TPR>::kLanesPerRow) {
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      if (c < C) {
+#pragma unroll
+        for (int q = 0; q < K; ++q) {
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) block_partial[q * C + c + v] = acc[q][j][v];
+        }
+      }
+    }
+  } else {
+    const int warp = threadIdx.x / kWarpSize, warps = blockDim.x / kWarpSize;
+#pragma unroll
+    for (int q = 0; q < K; ++q) {
+#pragma unroll
+      for (int j = 0; j < NV; ++j) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+#pragma unroll
+          for (int offset = TPR; offset < kWarpSize; offset *= 2)
+            acc[q][j][v] += __shfl_xor_sync(0xffffffffu, acc[q][j][v], offset);
+        }
+      }
+    }
+    if (threadIdx.x % kWarpSize < TPR) {
+#pragma unroll
+      for (int j = 0; j < NV; ++j) {
+        const int c = (j * TPR + t) * VEC;
+        if (c < C) {
+#pragma unroll
+          for (int q = 0; q < K; ++q) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) warp_partial[(warp * K + q) * C + c + v] = acc[q][j][v];
+          }
+        }
+      }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < K * C; i += blockDim.x) {
+      float sum = 0.f;
+      for (int w = 0; w < warps; ++w) sum += warp_partial[w * K * C + i];
+      block_partial[i] = sum;
+    }
+  }
+}
+
 // The outputs of the second reduction stage: K parameter gradients of C columns each.
 template <class T, int K>
 struct ParameterGradients {

@@ -99,6 +99,10 @@ class LinearContext {
     cublasLtMatmulAlgo_t algo{};
   };
   using Key = std::tuple<int, bool, bool, int, int, int, int, unsigned>;  // ..., alignment
+  static constexpr int kCandidates = 8;                                   // heuristic results timed when a plan is made
+
+  cublasLtMatmulAlgo_t fastest(const Plan& plan, const Gemm& g, const cublasLtMatmulHeuristicResult_t* results,
+                               int count, cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;

@@ -4,6 +4,8 @@
 //   fp32       fused: adamw_step over fp32 tensors (one launch over the chunk table)
 //              baseline: torch.optim.AdamW(fused=True).step(), at::_fused_adamw_ over the same tensors
 //   fp16/bf16  fused: the trainer with fp32 master weights, loss scale 1024
+//              fused:no-master: the trainer without them (LightSeq2's layout: the 16-bit parameters
+//              are updated in fp32 registers and rounded once), loss scale 1024
 //              baseline: what AMP training runs on fp32 parameters of the same sizes,
 //              GradScaler.step(AdamW(fused=True)) + update() (baselines/adamw.h). Its scale is 1:
 //              PyTorch's fused kernel writes the unscaled gradients back, and any other scale would
@@ -12,6 +14,7 @@
 // Bytes that must move per parameter (padding not counted), each variant's own layout:
 //   fp32 tensor list:          read p, g, m, v; write p, m, v                 7 x 4       = 28 B
 //   trainer, master weights:   read g (s), master, m, v; write p (s), master, m, v   2 s + 24 = 28 B
+//   trainer, no master:        read p (s), g (s), m, v; write p (s), m, v            3 s + 16 = 22 B
 // for a 16-bit type of s = 2 bytes. The trainer's inf/NaN check reads g once more (s bytes per
 // parameter, partly from L2), which is overhead and not counted. The fp16/bf16 cases store the
 // fused trainer's bytes; PyTorch's AMP step moves more (its check reads and writes g, its update
@@ -118,10 +121,10 @@ struct AdamWOperands {
                stream);
   }
 
-  // The trainer, with master weights.
-  AdamWOperands(std::vector<size_t> tensor_sizes, kernels::DType dtype, cudaStream_t stream)
+  // The trainer, with or without master weights.
+  AdamWOperands(std::vector<size_t> tensor_sizes, kernels::DType dtype, bool master_weights, cudaStream_t stream)
       : sizes(std::move(tensor_sizes)) {
-    trainer = std::make_unique<kernels::AdamWTrainer>(dtype, sizes, /*master_weights=*/true);
+    trainer = std::make_unique<kernels::AdamWTrainer>(dtype, sizes, master_weights);
     fill_state(trainer->parameters(), trainer->gradients(), trainer->exp_avg(), trainer->exp_avg_sq(),
                trainer->flat_elements(), dtype, kLossScale, stream);
     trainer->load_master_weights(stream);
@@ -171,10 +174,11 @@ struct AdamWOperands {
 #endif
 };
 
-double bytes_moved(const std::vector<size_t>& sizes, kernels::DType dtype) {
+double bytes_moved(const std::vector<size_t>& sizes, kernels::DType dtype, bool master_weights = true) {
   double parameters = 0;
   for (size_t size : sizes) parameters += static_cast<double>(size);
-  const double per_parameter = dtype == kernels::DType::f32 ? 7 * 4 : 2 * kernels::dtype_size(dtype) + 6 * 4;
+  const double s = kernels::dtype_size(dtype);
+  const double per_parameter = dtype == kernels::DType::f32 ? 7 * 4 : master_weights ? 2 * s + 6 * 4 : 3 * s + 4 * 4;
   return parameters * per_parameter;
 }
 
@@ -198,12 +202,23 @@ std::vector<Case> adamw_cases(const std::string& shape, kernels::DType dtype) {
                    },
                    [operands, sizes, dtype, trainer](cudaStream_t stream) {
                      if (trainer) {
-                       operands->emplace(sizes, dtype, stream);
+                       operands->emplace(sizes, dtype, /*master_weights=*/true, stream);
                      } else {
                        operands->emplace(sizes, stream).make_list();
                      }
                    },
                    release});
+  if (trainer) {
+    reports::CaseInfo no_master = info;
+    no_master.variant = "fused:no-master";
+    no_master.bytes = bytes_moved(sizes, dtype, /*master_weights=*/false);
+    cases.push_back(
+        {no_master, [operands](cudaStream_t stream, int) { (*operands)->trainer->step(options(), kLossScale, stream); },
+         [operands, sizes, dtype](cudaStream_t stream) {
+           operands->emplace(sizes, dtype, /*master_weights=*/false, stream);
+         },
+         release});
+  }
 #ifdef FUSEKIT_WITH_TORCH
   info.variant = "baseline";
   cases.push_back({info,
