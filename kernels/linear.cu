@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/bias_gelu.h"
 #include "kernels/cublas_check.h"
 #include "kernels/cuda_check.h"
 
@@ -101,8 +102,21 @@ LinearContext::~LinearContext() {
     cublasLtMatrixLayoutDestroy(plan.d);
     cublasLtMatmulDescDestroy(plan.desc);
   }
+  for (void* buffer : scratch_) cudaFree(buffer);
   cudaFree(workspace_);
   cublasLtDestroy(handle_);
+}
+
+void* LinearContext::scratch(int slot, size_t bytes) {
+  if (bytes > scratch_bytes_[slot]) {
+    FUSEKIT_CUDA_CHECK(cudaFree(scratch_[slot]));  // synchronizes: no call in flight still reads it
+    scratch_[slot] = nullptr;
+    scratch_bytes_[slot] = 0;
+    FUSEKIT_CUDA_CHECK(cudaMalloc(&scratch_[slot], bytes));
+    FUSEKIT_CUDA_CHECK(cudaMemset(scratch_[slot], 0, bytes));
+    scratch_bytes_[slot] = bytes;
+  }
+  return scratch_[slot];
 }
 
 // The heuristic's first choice is not always the fastest: for some epilogues (BGRADB, DGELU_BGRAD)
@@ -251,11 +265,26 @@ void linear_backward(LinearContext& context, DType dtype, const LinearShape& sha
 }
 
 void linear_gelu_backward_input(LinearContext& context, DType dtype, const LinearShape& next, const void* dz,
-                                const void* weight_next, const void* pre, void* dpre, void* dbias,
-                                cudaStream_t stream) {
+                                const void* weight_next, const void* pre, void* dpre, void* dbias, cudaStream_t stream,
+                                GeluBackwardPath path) {
   check_shape(next);
   check_operands({dz, weight_next, pre, dpre, dbias});
   check_gelu_stride(next.in_features, next.in_stride());
+  if (path == GeluBackwardPath::kernel) {
+    // dy^T [N, M] = W2^T [N, N2] dz^T [N2, M] into scratch, then dpre = dy * gelu'(pre) and
+    // dbias = sum_rows(dpre) in one pass (bias_gelu's backward with x = pre and a zero bias; the pad
+    // columns of dy and pre are zero, so those of dpre and dbias are too).
+    const int rows = next.rows, columns = next.in_stride();
+    const size_t bytes = static_cast<size_t>(rows) * columns * dtype_size(dtype);
+    void* dy = context.scratch(0, bytes);
+    const void* zeros = context.scratch(1, columns * dtype_size(dtype));  // never written: stays zero
+    void* workspace = context.scratch(2, bias_gelu_backward_workspace_bytes(rows, columns));
+    context.run({dtype, false, false, columns, rows, next.out_stride(), CUBLASLT_EPILOGUE_DEFAULT, weight_next, dz, dy,
+                 nullptr, nullptr},
+                stream);
+    bias_gelu_backward(dtype, GeluApproximation::tanh, dy, pre, zeros, dpre, dbias, rows, columns, workspace, stream);
+    return;
+  }
   // next's input gradient, dpre^T [N, M] = W2^T [N, N2] dz^T [N2, M], with gelu'(pre) applied to D and
   // D's row sums (over M) written to dbias: DGELU_BGRAD, pre as the aux input (ld N, like D).
   context.run({dtype, false, false, next.in_stride(), next.rows, next.out_stride(), CUBLASLT_EPILOGUE_DGELU_BGRAD,

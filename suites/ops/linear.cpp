@@ -173,28 +173,34 @@ std::vector<Case> linear_cases(const std::string& shape_text, kernels::DType dty
   auto release = [operands] { operands->reset(); };
   const bool gelu = c.epilogue == kernels::LinearEpilogue::bias_gelu;
 
+  // The fused step; `path` picks how the GELU backward runs (kernels/linear.h).
+  auto fused = [operands, c, dtype, backward, gelu](kernels::GeluBackwardPath path) {
+    return [operands, c, dtype, backward, gelu, path](cudaStream_t stream, int rep) {
+      LinearOperands& o = **operands;
+      const int s = rep % o.sets;
+      kernels::linear_forward(*o.context, dtype, c.epilogue, c.shape, o.x[s].get(), o.weight.get(), o.bias.get(),
+                              o.y[s].get(), gelu ? o.pre[s].get() : nullptr, stream);
+      if (!backward) return;
+      if (gelu) {
+        const kernels::LinearShape next{c.shape.rows, c.shape.in_features, c.shape.out_features, c.shape.padded};
+        kernels::linear_gelu_backward_input(*o.context, dtype, next, o.dz[s].get(), o.weight_next.get(), o.pre[s].get(),
+                                            o.dpre[s].get(), o.dbias.get(), stream, path);
+        kernels::linear_backward(*o.context, dtype, c.shape, o.dpre[s].get(), o.x[s].get(), o.weight.get(),
+                                 o.dx[s].get(), o.dweight.get(), nullptr, stream);
+      } else {
+        kernels::linear_backward(*o.context, dtype, c.shape, o.dy[s].get(), o.x[s].get(), o.weight.get(), o.dx[s].get(),
+                                 o.dweight.get(), o.dbias.get(), stream);
+      }
+    };
+  };
   std::vector<Case> cases;
   info.variant = "fused";
-  cases.push_back(
-      {info,
-       [operands, c, dtype, backward, gelu](cudaStream_t stream, int rep) {
-         LinearOperands& o = **operands;
-         const int s = rep % o.sets;
-         kernels::linear_forward(*o.context, dtype, c.epilogue, c.shape, o.x[s].get(), o.weight.get(), o.bias.get(),
-                                 o.y[s].get(), gelu ? o.pre[s].get() : nullptr, stream);
-         if (!backward) return;
-         if (gelu) {
-           const kernels::LinearShape next{c.shape.rows, c.shape.in_features, c.shape.out_features, c.shape.padded};
-           kernels::linear_gelu_backward_input(*o.context, dtype, next, o.dz[s].get(), o.weight_next.get(),
-                                               o.pre[s].get(), o.dpre[s].get(), o.dbias.get(), stream);
-           kernels::linear_backward(*o.context, dtype, c.shape, o.dpre[s].get(), o.x[s].get(), o.weight.get(),
-                                    o.dx[s].get(), o.dweight.get(), nullptr, stream);
-         } else {
-           kernels::linear_backward(*o.context, dtype, c.shape, o.dy[s].get(), o.x[s].get(), o.weight.get(),
-                                    o.dx[s].get(), o.dweight.get(), o.dbias.get(), stream);
-         }
-       },
-       setup, release});
+  cases.push_back({info, fused(kernels::GeluBackwardPath::kernel), setup, release});
+  if (gelu && backward) {
+    // The same step with cuBLASLt's DGELU_BGRAD epilogue instead: measured, not the default.
+    info.variant = "fused:dgelu-epilogue";
+    cases.push_back({info, fused(kernels::GeluBackwardPath::cublaslt_epilogue), setup, release});
+  }
 #ifdef FUSEKIT_WITH_TORCH
   info.variant = "baseline";
   cases.push_back({info,

@@ -93,7 +93,8 @@ Inputs random_inputs(int M, int N, int K) {
 // Forward, then backward (for bias_gelu: the GELU backward fused into the next layer's input
 // gradient, then the weight and input gradients from the dpre it stored). `in` is rounded to the
 // storage type in place.
-Outputs run_linear(LinearContext& context, DType dtype, LinearEpilogue epilogue, const LinearShape& shape, Inputs& in) {
+Outputs run_linear(LinearContext& context, DType dtype, LinearEpilogue epilogue, const LinearShape& shape, Inputs& in,
+                   GeluBackwardPath path = GeluBackwardPath::kernel) {
   const int M = shape.rows, N = shape.out_features, K = shape.in_features;
   const int Ns = shape.out_stride(), Ks = shape.in_stride();
   const bool gelu = epilogue == LinearEpilogue::bias_gelu;
@@ -120,7 +121,7 @@ Outputs run_linear(LinearContext& context, DType dtype, LinearEpilogue epilogue,
     weight_next.upload(next_rows);
     in.weight_next = std::vector<double>(next_rows.begin(), next_rows.begin() + size_t(K) * N);
     linear_gelu_backward_input(context, dtype, next, dz.get(), weight_next.get(), pre.get(), dpre.get(), dbias.get(),
-                               nullptr);
+                               nullptr, path);
     linear_backward(context, dtype, shape, dpre.get(), x.get(), weight.get(), dx.get(), dweight.get(), nullptr,
                     nullptr);
   } else {
@@ -163,28 +164,34 @@ TEST_P(LinearTest, EveryOutputMatchesFloat64Reference) {
   const int M = p.shape.M, N = p.shape.N, K = p.shape.K;
   const bool gelu = p.epilogue == LinearEpilogue::bias_gelu;
   LinearContext context;
-  Inputs in = random_inputs(M, N, K);
-  const Outputs out = run_linear(context, p.dtype, p.epilogue, {M, N, K, p.padded}, in);
+  // bias_gelu: both ways of the GELU backward (kernels/linear.h), each on fresh inputs.
+  std::vector<GeluBackwardPath> paths = {GeluBackwardPath::kernel};
+  if (gelu) paths.push_back(GeluBackwardPath::cublaslt_epilogue);
+  for (const GeluBackwardPath path : paths) {
+    SCOPED_TRACE(path == GeluBackwardPath::kernel ? "GELU backward: kernel" : "GELU backward: cuBLASLt epilogue");
+    Inputs in = random_inputs(M, N, K);
+    const Outputs out = run_linear(context, p.dtype, p.epilogue, {M, N, K, p.padded}, in, path);
 
-  const double tol = tolerance(p.dtype);
-  const auto forward = reference::linear_forward(in.x, in.weight, in.bias, M, N, K, gelu);
-  EXPECT_LT(relative_error(out.y, forward.y), tol) << "y";
-  if (gelu) {
-    EXPECT_LT(relative_error(out.pre, forward.pre), tol) << "pre";
-    // Each stage on the inputs it was given: the stored pre, then the stored dpre.
-    const auto gelu_grad = reference::linear_gelu_backward_input(in.dz, in.weight_next, out.pre, M, K, N);
-    EXPECT_LT(relative_error(out.dpre, gelu_grad.dpre), tol) << "dpre";
-    EXPECT_LT(relative_error(out.dbias, gelu_grad.dbias), tol) << "dbias";
-    const auto grad = reference::linear_backward(out.dpre, in.x, in.weight, M, N, K);
-    EXPECT_LT(relative_error(out.dx, grad.dx), tol) << "dx";
-    EXPECT_LT(relative_error(out.dweight, grad.dweight), tol) << "dweight";
-  } else {
-    const auto grad = reference::linear_backward(in.dy, in.x, in.weight, M, N, K);
-    EXPECT_LT(relative_error(out.dx, grad.dx), tol) << "dx";
-    EXPECT_LT(relative_error(out.dweight, grad.dweight), tol) << "dweight";
-    EXPECT_LT(relative_error(out.dbias, grad.dbias), tol) << "dbias";
+    const double tol = tolerance(p.dtype);
+    const auto forward = reference::linear_forward(in.x, in.weight, in.bias, M, N, K, gelu);
+    EXPECT_LT(relative_error(out.y, forward.y), tol) << "y";
+    if (gelu) {
+      EXPECT_LT(relative_error(out.pre, forward.pre), tol) << "pre";
+      // Each stage on the inputs it was given: the stored pre, then the stored dpre.
+      const auto gelu_grad = reference::linear_gelu_backward_input(in.dz, in.weight_next, out.pre, M, K, N);
+      EXPECT_LT(relative_error(out.dpre, gelu_grad.dpre), tol) << "dpre";
+      EXPECT_LT(relative_error(out.dbias, gelu_grad.dbias), tol) << "dbias";
+      const auto grad = reference::linear_backward(out.dpre, in.x, in.weight, M, N, K);
+      EXPECT_LT(relative_error(out.dx, grad.dx), tol) << "dx";
+      EXPECT_LT(relative_error(out.dweight, grad.dweight), tol) << "dweight";
+    } else {
+      const auto grad = reference::linear_backward(in.dy, in.x, in.weight, M, N, K);
+      EXPECT_LT(relative_error(out.dx, grad.dx), tol) << "dx";
+      EXPECT_LT(relative_error(out.dweight, grad.dweight), tol) << "dweight";
+      EXPECT_LT(relative_error(out.dbias, grad.dbias), tol) << "dbias";
+    }
+    EXPECT_TRUE(out.pads_zero) << "a pad column of an output is not zero";
   }
-  EXPECT_TRUE(out.pads_zero) << "a pad column of an output is not zero";
 }
 
 // The padding changes the GEMMs' sizes and leading dimensions, not the results: the same inputs,
