@@ -189,7 +189,10 @@ int bench(const BenchOptions& o) {
   if (!ops && o.suite != "demo") throw std::invalid_argument("unknown suite '" + o.suite + "' (available: demo, ops)");
   // Building the cases allocates nothing, and finds usage errors before any GPU work.
   std::vector<suites::Case> ops_cases;
-  if (ops) ops_cases = suites::ops_cases({o.op, o.shape, o.dtype, o.backward});
+  if (!o.ops.empty() && (o.suite != "ops" || !o.op.empty())) {
+    throw std::invalid_argument("--ops selects operators of --suite ops (for one case: --op)");
+  }
+  if (ops) ops_cases = suites::ops_cases({o.op, o.shape, o.dtype, o.backward, o.ops});
   if (access(o.db.c_str(), F_OK) == 0) (void)Store::open(o.db, Store::Mode::read_only);  // refuse a foreign file first
   if (std::string reason = profiler::gpu_unavailable_reason(); !reason.empty()) {
     throw std::runtime_error("no GPU: " + reason);
@@ -216,8 +219,13 @@ int bench(const BenchOptions& o) {
         if (!o.op.empty()) {  // the one case bench ran
           peer_args.insert(peer_args.end(), {"--ops", o.op, "--shapes", o.shape, "--dtypes", o.dtype, "--directions",
                                              o.backward ? "fwd+bwd" : "fwd"});
-        } else if (!o.dtype.empty()) {  // the suite in one dtype
-          peer_args.insert(peer_args.end(), {"--dtypes", o.dtype});
+        } else {
+          if (!o.dtype.empty()) peer_args.insert(peer_args.end(), {"--dtypes", o.dtype});  // one dtype
+          if (!o.ops.empty()) {                                                            // some operators
+            std::string names;
+            for (const std::string& name : o.ops) names += (names.empty() ? "" : ",") + name;
+            peer_args.insert(peer_args.end(), {"--ops", names});
+          }
         }
         int code = run_child(o.db, run, peer_args, 1000, false);
         if (code == 0) {

@@ -20,7 +20,8 @@ struct BenchOptions {
   std::string shape;
   std::string dtype;
   bool backward = false;
-  std::string peers;  // a peers script (scripts/peers/ops.py) to run traced into the same run
+  std::vector<std::string> ops;  // with --suite ops: only these operators
+  std::string peers;             // a peers script (scripts/peers/ops.py) to run traced into the same run
   std::vector<std::string> argv;
 };
 int bench(const BenchOptions& o);

@@ -35,6 +35,8 @@ int main(int argc, char** argv) {
       "--dtype", bench_options.dtype,
       "fp32 | fp16 | bf16: with --op, the case's dtype; with --suite ops, run the suite in this dtype only");
   bench_cmd->add_flag("--backward", bench_options.backward, "With --op: time forward + backward");
+  bench_cmd->add_option("--ops", bench_options.ops, "With --suite ops: only these operators (comma-separated)")
+      ->delimiter(',');
   bench_cmd
       ->add_option("--peers", bench_options.peers,
                    "With the ops suite: a peers script (scripts/peers/ops.py) run traced into the same run")

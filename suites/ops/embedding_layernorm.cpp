@@ -2,16 +2,20 @@
 // dropout p = 0.1): forward, and forward + backward, fused and (where libtorch is built in) the
 // libtorch baseline. Shapes are TOKENSxHIDDEN; the tables are BERT's: vocabulary 30522, 512
 // positions, 2 token types. Word ids are uniform in [0, 30522), token types uniform in {0, 1},
-// position ids r % 512. The ids, y and dy rotate through sets larger than the L2; the tables are one
-// set (a 30522-row table is itself about the L2's size, and its rows are gathered at random).
+// position ids r % 512. The ids, the word table, y and dy rotate through sets larger than the L2
+// (a word table is about the L2's size: one set of it would serve its gathered rows from the L2,
+// which a training step, running the whole model between two embedding calls, never does); the
+// small position and token-type tables are one set.
 // Each repetition draws a fresh mask (the Philox offset is the repetition).
 //
-// Bytes that must move: forward reads the three int64 ids, three gathered table rows per token,
-// gamma, beta and writes y, mean, rstd; backward reads dy, the ids, the three rows again (e is
-// recomputed), gamma, mean, rstd and writes every row of the three table gradients (the whole word
+// Bytes that must move: forward reads the three int64 ids, a gathered word row per token, the
+// position rows in use (min(tokens, 512)) and both token-type rows once, gamma, beta and writes y,
+// mean, rstd; backward reads dy, the ids, the same rows again (e is recomputed), gamma, mean, rstd
+// and writes every row of the three table gradients (the whole word
 // table: rows no token used are zeros, and writing them is part of the cost), dgamma, dbeta. Not
 // counted: the fused backward's float accumulators (at most 4 x tokens x H bytes zeroed, added to
 // and read back), which are its own overhead, and the mask (regenerated).
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <random>
@@ -48,15 +52,26 @@ DeviceBuffer upload_ids(const std::vector<int64_t>& host, cudaStream_t stream) {
   return buffer;
 }
 
+double bytes_moved(Shape2 shape, kernels::DType dtype, bool backward) {
+  const double n = static_cast<double>(shape.rows) * shape.columns, s = kernels::dtype_size(dtype);
+  const double ids = 3.0 * 8 * shape.rows, stats = 2.0 * 4 * shape.rows, h = shape.columns;
+  const double small_tables = (std::min(shape.rows, kPositions) + kTypes) * h * s;
+  const double forward = ids + n * s + small_tables + 2 * h * s + n * s + stats;
+  const double back =
+      n * s + ids + n * s + small_tables + h * s + stats + (kVocab + kPositions + kTypes) * h * s + 2 * h * s;
+  return backward ? forward + back : forward;
+}
+
 // The operands of one case, allocated by setup and freed by release.
 struct EmbeddingLayerNormOperands {
   int sets = 0;
   std::vector<DeviceBuffer> word_ids, position_ids, type_ids, y, mean, rstd, dy;
-  DeviceBuffer word, position, type, gamma, beta, dword, dposition, dtype, dgamma, dbeta, workspace;
+  std::vector<DeviceBuffer> word;  // one word table per set
+  DeviceBuffer position, type, gamma, beta, dword, dposition, dtype, dgamma, dbeta, workspace;
 
   EmbeddingLayerNormOperands(Shape2 shape, kernels::DType dtype_, bool backward, cudaStream_t stream) {
     const size_t n = static_cast<size_t>(shape.rows) * shape.columns, s = kernels::dtype_size(dtype_);
-    sets = rotation_sets(n * s * (backward ? 2 : 1) + 3 * shape.rows * sizeof(int64_t));
+    sets = rotation_sets(static_cast<size_t>(bytes_moved(shape, dtype_, backward)));
     for (int set = 0; set < sets; ++set) {
       std::mt19937_64 rng(7000 + set);
       std::uniform_int_distribution<int64_t> word_id(0, kVocab - 1), type_id(0, kTypes - 1);
@@ -67,6 +82,9 @@ struct EmbeddingLayerNormOperands {
         types[r] = type_id(rng);
       }
       word_ids.push_back(upload_ids(words, stream));
+      word.emplace_back(static_cast<size_t>(kVocab) * shape.columns * s);
+      fill_random(word.back().get(), static_cast<size_t>(kVocab) * shape.columns, dtype_, 11 + 100 * set, 0.1f, 0.0f,
+                  stream);
       position_ids.push_back(upload_ids(positions, stream));
       type_ids.push_back(upload_ids(types, stream));
       y.emplace_back(n * s);
@@ -78,10 +96,8 @@ struct EmbeddingLayerNormOperands {
       }
     }
     const size_t row_bytes = shape.columns * s;
-    word = DeviceBuffer(kVocab * row_bytes);
     position = DeviceBuffer(kPositions * row_bytes);
     type = DeviceBuffer(kTypes * row_bytes);
-    fill_random(word.get(), static_cast<size_t>(kVocab) * shape.columns, dtype_, 11, 0.1f, 0.0f, stream);
     fill_random(position.get(), static_cast<size_t>(kPositions) * shape.columns, dtype_, 12, 0.1f, 0.0f, stream);
     fill_random(type.get(), static_cast<size_t>(kTypes) * shape.columns, dtype_, 13, 0.1f, 0.0f, stream);
     gamma = DeviceBuffer(row_bytes);
@@ -99,14 +115,6 @@ struct EmbeddingLayerNormOperands {
     FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
 };
-
-double bytes_moved(Shape2 shape, kernels::DType dtype, bool backward) {
-  const double n = static_cast<double>(shape.rows) * shape.columns, s = kernels::dtype_size(dtype);
-  const double ids = 3.0 * 8 * shape.rows, stats = 2.0 * 4 * shape.rows, h = shape.columns;
-  const double forward = ids + 3 * n * s + 2 * h * s + n * s + stats;
-  const double back = n * s + ids + 3 * n * s + h * s + stats + (kVocab + kPositions + kTypes) * h * s + 2 * h * s;
-  return backward ? forward + back : forward;
-}
 
 std::vector<Case> embedding_layernorm_cases(Shape2 shape, kernels::DType dtype, bool backward) {
   reports::CaseInfo info =
@@ -129,7 +137,7 @@ std::vector<Case> embedding_layernorm_cases(Shape2 shape, kernels::DType dtype, 
                      forward.word_ids = o.word_ids[s].as<int64_t>();
                      forward.position_ids = o.position_ids[s].as<int64_t>();
                      forward.token_type_ids = o.type_ids[s].as<int64_t>();
-                     forward.word = o.word.get();
+                     forward.word = o.word[s].get();
                      forward.position = o.position.get();
                      forward.token_type = o.type.get();
                      forward.gamma = o.gamma.get();
@@ -172,7 +180,7 @@ std::vector<Case> embedding_layernorm_cases(Shape2 shape, kernels::DType dtype, 
                      in.word_ids = wrap(o.word_ids[s], {shape.rows}, at::kLong);
                      in.position_ids = wrap(o.position_ids[s], {shape.rows}, at::kLong);
                      in.token_type_ids = wrap(o.type_ids[s], {shape.rows}, at::kLong);
-                     in.word = wrap(o.word, {kVocab, shape.columns}, type);
+                     in.word = wrap(o.word[s], {kVocab, shape.columns}, type);
                      in.position = wrap(o.position, {kPositions, shape.columns}, type);
                      in.token_type = wrap(o.type, {kTypes, shape.columns}, type);
                      in.gamma = wrap(o.gamma, {shape.columns}, type);

@@ -1,5 +1,7 @@
 #include "suites/ops/ops_suite.h"
 
+#include <algorithm>
+
 #include <stdexcept>
 
 namespace fusekit::suites {
@@ -55,9 +57,21 @@ std::vector<Case> ops_cases(const OpsRequest& request) {
     }
     throw std::invalid_argument("unknown operator '" + request.op + "' (available: " + names + ")");
   }
+  for (const std::string& name : request.only) {
+    bool known = false;
+    for (const OpDefinition& op : ops()) known = known || op.name == name;
+    if (!known) {
+      std::string names;
+      for (const OpDefinition& op : ops()) names += (names.empty() ? "" : ", ") + op.name;
+      throw std::invalid_argument("unknown operator '" + name + "' in --ops (available: " + names + ")");
+    }
+  }
   std::vector<kernels::DType> dtypes = {kernels::DType::f16, kernels::DType::bf16};
   if (!request.dtype.empty()) dtypes = {parse_dtype(request.dtype)};  // the whole suite in one dtype
   for (const OpDefinition& op : ops()) {
+    if (!request.only.empty() && std::find(request.only.begin(), request.only.end(), op.name) == request.only.end()) {
+      continue;
+    }
     for (kernels::DType dtype : dtypes) {
       for (bool backward : {false, true}) {
         if (backward && !op.has_backward) continue;

@@ -16,10 +16,11 @@
 namespace fusekit::suites {
 
 struct OpsRequest {
-  std::string op;         // "" for the whole suite
-  std::string shape;      // with op: the operator's shape syntax (OpDefinition::shape_syntax)
-  std::string dtype;      // fp32 | fp16 | bf16; without op: the suite in this dtype only
-  bool backward = false;  // with op: forward + backward instead of forward
+  std::string op;                 // "" for the whole suite
+  std::string shape;              // with op: the operator's shape syntax (OpDefinition::shape_syntax)
+  std::string dtype;              // fp32 | fp16 | bf16; without op: the suite in this dtype only
+  bool backward = false;          // with op: forward + backward instead of forward
+  std::vector<std::string> only;  // without op: the suite's operators to run (empty: all of them)
 };
 
 struct OpDefinition {

@@ -14,14 +14,16 @@ P = 0.1
 
 
 def bytes_moved(tokens: int, hidden: int, size: int, backward: bool) -> float:
-    # As fusekit counts them: the forward reads three int64 ids and three gathered table rows per
-    # token, gamma, beta and writes y, mean, rstd; the backward reads dy, the ids, the three rows
-    # again, gamma, mean, rstd and writes every row of the three table gradients, dgamma, dbeta.
+    # As fusekit counts them: the forward reads three int64 ids, a gathered word row per token, the
+    # position rows in use and both token-type rows once, gamma, beta and writes y, mean, rstd; the
+    # backward reads dy, the ids, the same rows again, gamma, mean, rstd and writes every row of the
+    # three table gradients, dgamma, dbeta.
     n = tokens * hidden
     ids, stats = 3 * 8 * tokens, 2 * 4 * tokens
-    forward = ids + 3 * n * size + 2 * hidden * size + n * size + stats
-    back = n * size + ids + 3 * n * size + hidden * size + stats + (VOCAB + POSITIONS + TYPES) * hidden * size \
-        + 2 * hidden * size
+    small_tables = (min(tokens, POSITIONS) + TYPES) * hidden * size
+    forward = ids + n * size + small_tables + 2 * hidden * size + n * size + stats
+    back = n * size + ids + n * size + small_tables + hidden * size + stats \
+        + (VOCAB + POSITIONS + TYPES) * hidden * size + 2 * hidden * size
     return forward + back if backward else forward
 
 
@@ -43,7 +45,8 @@ def cases(dtypes, directions, shapes=None):
                 tokens, hidden = (int(v) for v in shape.split("x"))
                 dtype = DTYPES[dtype_name]
                 size = torch.finfo(dtype).bits // 8
-                sets = rotation_sets(tokens * hidden * size * (2 if backward else 1) + 3 * tokens * 8)
+                # The word table rotates with the ids (as suites/ops/embedding_layernorm.cpp does).
+                sets = rotation_sets(int(bytes_moved(tokens, hidden, size, backward)))
                 inputs = {}
 
                 def make_step(fn, tokens=tokens, hidden=hidden, dtype=dtype, sets=sets, backward=backward,
@@ -54,13 +57,13 @@ def cases(dtypes, directions, shapes=None):
                         inputs["type_ids"] = [torch.randint(0, TYPES, (tokens,), device="cuda") for _ in range(sets)]
                         inputs["position_ids"] = positions
                         inputs["dy"] = [uniform((tokens, hidden), dtype) for _ in range(sets)] if backward else None
-                        inputs["word"] = uniform((VOCAB, hidden), dtype, 0.1)
+                        inputs["word"] = [uniform((VOCAB, hidden), dtype, 0.1) for _ in range(sets)]
                         inputs["position"] = uniform((POSITIONS, hidden), dtype, 0.1)
                         inputs["token_type"] = uniform((TYPES, hidden), dtype, 0.1)
                         inputs["gamma"] = uniform(hidden, dtype, 0.2, 1.0)
                         inputs["beta"] = uniform(hidden, dtype, 0.1)
                     i = inputs
-                    return lambda s: fn(i["word_ids"][s], i["position_ids"], i["type_ids"][s], i["word"],
+                    return lambda s: fn(i["word_ids"][s], i["position_ids"], i["type_ids"][s], i["word"][s],
                                         i["position"], i["token_type"], i["gamma"], i["beta"],
                                         i["dy"][s] if backward else None)
 
