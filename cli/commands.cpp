@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -185,14 +186,19 @@ std::string operator_shapes() {
 }
 
 int bench(const BenchOptions& o) {
-  const bool ops = !o.op.empty() || o.suite == "ops";
-  if (!ops && o.suite != "demo") throw std::invalid_argument("unknown suite '" + o.suite + "' (available: demo, ops)");
+  const std::vector<std::string>& op_suites = suites::op_suites();
+  const bool ops = !o.op.empty() || std::find(op_suites.begin(), op_suites.end(), o.suite) != op_suites.end();
+  if (!ops && o.suite != "demo") {
+    std::string names = "demo";
+    for (const std::string& name : op_suites) names += ", " + name;
+    throw std::invalid_argument("unknown suite '" + o.suite + "' (available: " + names + ")");
+  }
   // Building the cases allocates nothing, and finds usage errors before any GPU work.
   std::vector<suites::Case> ops_cases;
-  if (!o.ops.empty() && (o.suite != "ops" || !o.op.empty())) {
-    throw std::invalid_argument("--ops selects operators of --suite ops (for one case: --op)");
+  if (!o.ops.empty() && (!ops || !o.op.empty())) {
+    throw std::invalid_argument("--ops selects operators of --suite ops or attention (for one case: --op)");
   }
-  if (ops) ops_cases = suites::ops_cases({o.op, o.shape, o.dtype, o.backward, o.ops});
+  if (ops) ops_cases = suites::ops_cases({o.op, o.shape, o.dtype, o.backward, o.ops, o.op.empty() ? o.suite : "ops"});
   if (access(o.db.c_str(), F_OK) == 0) (void)Store::open(o.db, Store::Mode::read_only);  // refuse a foreign file first
   if (std::string reason = profiler::gpu_unavailable_reason(); !reason.empty()) {
     throw std::runtime_error("no GPU: " + reason);
@@ -221,11 +227,13 @@ int bench(const BenchOptions& o) {
                                              o.backward ? "fwd+bwd" : "fwd"});
         } else {
           if (!o.dtype.empty()) peer_args.insert(peer_args.end(), {"--dtypes", o.dtype});  // one dtype
-          if (!o.ops.empty()) {                                                            // some operators
-            std::string names;
-            for (const std::string& name : o.ops) names += (names.empty() ? "" : ",") + name;
-            peer_args.insert(peer_args.end(), {"--ops", names});
+          // The operators bench ran: those named, else every one of the suite.
+          std::string names;
+          for (const suites::OpDefinition& op : suites::ops()) {
+            const bool named = std::find(o.ops.begin(), o.ops.end(), op.name) != o.ops.end();
+            if (op.suite == o.suite && (o.ops.empty() || named)) names += (names.empty() ? "" : ",") + op.name;
           }
+          peer_args.insert(peer_args.end(), {"--ops", names});
         }
         int code = run_child(o.db, run, peer_args, 1000, false);
         if (code == 0) {

@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) bench_options.argv.push_back(argv[i]);
   CLI::App* bench_cmd = app.add_subcommand("bench", "Time and trace a suite of cases into a store (needs a GPU)");
   bench_cmd->add_option("--db", bench_options.db, "Store to write (created if missing)")->required();
-  bench_cmd->add_option("--suite", bench_options.suite, "Suite to run: demo | ops")->capture_default_str();
+  bench_cmd->add_option("--suite", bench_options.suite, "Suite to run: demo | ops | attention")->capture_default_str();
   bench_cmd->add_option("--op", bench_options.op,
                         "One operator instead of a suite (" + operator_list() + "); needs --shape and --dtype");
   bench_cmd->add_option("--shape", bench_options.shape,
@@ -35,7 +35,8 @@ int main(int argc, char** argv) {
       "--dtype", bench_options.dtype,
       "fp32 | fp16 | bf16: with --op, the case's dtype; with --suite ops, run the suite in this dtype only");
   bench_cmd->add_flag("--backward", bench_options.backward, "With --op: time forward + backward");
-  bench_cmd->add_option("--ops", bench_options.ops, "With --suite ops: only these operators (comma-separated)")
+  bench_cmd
+      ->add_option("--ops", bench_options.ops, "With --suite ops or attention: only these operators (comma-separated)")
       ->delimiter(',');
   bench_cmd
       ->add_option("--peers", bench_options.peers,

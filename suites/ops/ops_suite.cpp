@@ -33,6 +33,11 @@ reports::CaseInfo make_case_info(const std::string& op, const std::string& shape
   return info;
 }
 
+const std::vector<std::string>& op_suites() {
+  static const std::vector<std::string> all = {"ops", "attention"};
+  return all;
+}
+
 std::vector<Case> ops_cases(const OpsRequest& request) {
   std::vector<Case> cases;
   auto append = [&](std::vector<Case> more) {
@@ -57,18 +62,25 @@ std::vector<Case> ops_cases(const OpsRequest& request) {
     }
     throw std::invalid_argument("unknown operator '" + request.op + "' (available: " + names + ")");
   }
+  if (std::find(op_suites().begin(), op_suites().end(), request.suite) == op_suites().end()) {
+    throw std::invalid_argument("unknown operator suite '" + request.suite + "'");
+  }
   for (const std::string& name : request.only) {
     bool known = false;
-    for (const OpDefinition& op : ops()) known = known || op.name == name;
+    for (const OpDefinition& op : ops()) known = known || (op.name == name && op.suite == request.suite);
     if (!known) {
       std::string names;
-      for (const OpDefinition& op : ops()) names += (names.empty() ? "" : ", ") + op.name;
-      throw std::invalid_argument("unknown operator '" + name + "' in --ops (available: " + names + ")");
+      for (const OpDefinition& op : ops()) {
+        if (op.suite == request.suite) names += (names.empty() ? "" : ", ") + op.name;
+      }
+      throw std::invalid_argument("unknown operator '" + name + "' in --ops (the " + request.suite +
+                                  " suite has: " + names + ")");
     }
   }
   std::vector<kernels::DType> dtypes = {kernels::DType::f16, kernels::DType::bf16};
   if (!request.dtype.empty()) dtypes = {parse_dtype(request.dtype)};  // the whole suite in one dtype
   for (const OpDefinition& op : ops()) {
+    if (op.suite != request.suite) continue;
     if (!request.only.empty() && std::find(request.only.begin(), request.only.end(), op.name) == request.only.end()) {
       continue;
     }
@@ -79,6 +91,7 @@ std::vector<Case> ops_cases(const OpsRequest& request) {
       }
     }
   }
+  if (cases.empty()) throw std::invalid_argument("the " + request.suite + " suite has no operators yet");
   return cases;
 }
 

@@ -16,15 +16,17 @@
 namespace fusekit::suites {
 
 struct OpsRequest {
-  std::string op;                 // "" for the whole suite
+  std::string op;                 // "" for a whole suite
   std::string shape;              // with op: the operator's shape syntax (OpDefinition::shape_syntax)
   std::string dtype;              // fp32 | fp16 | bf16; without op: the suite in this dtype only
   bool backward = false;          // with op: forward + backward instead of forward
   std::vector<std::string> only;  // without op: the suite's operators to run (empty: all of them)
+  std::string suite = "ops";      // without op: the suite (OpDefinition::suite)
 };
 
 struct OpDefinition {
   std::string name;                 // "layernorm"
+  std::string suite = "ops";        // the suite it belongs to: "ops" | "attention"
   std::string shape_syntax;         // "ROWSxCOLUMNS", for error messages
   std::vector<std::string> shapes;  // the suite's shapes
   bool has_backward = true;         // false: one case per shape and dtype (e.g. an optimizer step)
@@ -33,7 +35,10 @@ struct OpDefinition {
   std::function<std::vector<Case>(const std::string& shape, kernels::DType dtype, bool backward)> cases;
 };
 
-// Every operator of the suite, in suite order.
+// The suites operators belong to.
+const std::vector<std::string>& op_suites();
+
+// Every operator of every suite, in suite order.
 const std::vector<OpDefinition>& ops();
 
 // Throws std::invalid_argument for an unknown operator, shape or dtype.
