@@ -114,6 +114,8 @@ void* LinearContext::scratch(int slot, size_t bytes) {
     scratch_bytes_[slot] = 0;
     FUSEKIT_CUDA_CHECK(cudaMalloc(&scratch_[slot], bytes));
     FUSEKIT_CUDA_CHECK(cudaMemset(scratch_[slot], 0, bytes));
+    // The memset runs on the legacy default stream, which a non-blocking stream does not wait for.
+    FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());
     scratch_bytes_[slot] = bytes;
   }
   return scratch_[slot];
