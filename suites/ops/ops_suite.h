@@ -60,5 +60,9 @@ OpDefinition adamw_op();
 OpDefinition cross_entropy_op();
 OpDefinition linear_op();
 OpDefinition embedding_layernorm_op();
+// The attention suite: Swin's window operations (suites/ops/swin_window.cpp).
+OpDefinition window_partition_op();
+OpDefinition window_merge_op();
+OpDefinition patch_merging_op();
 
 }  // namespace fusekit::suites
