@@ -60,5 +60,6 @@ OpDefinition adamw_op();
 OpDefinition cross_entropy_op();
 OpDefinition linear_op();
 OpDefinition embedding_layernorm_op();
+OpDefinition window_attention_op();
 
 }  // namespace fusekit::suites

@@ -75,7 +75,6 @@ expect 2 "unknown operator" -- "$FUSEKIT" bench --db "$work/b.db" --op softmaxx 
 expect 2 "unsupported shape" -- "$FUSEKIT" bench --db "$work/b.db" --op layernorm --shape 8by8 --dtype fp16
 expect 2 "unsupported dtype" -- "$FUSEKIT" bench --db "$work/b.db" --op layernorm --shape 8x8 --dtype fp8
 expect 2 "needs --shape" -- "$FUSEKIT" bench --db "$work/b.db" --op layernorm
-expect 2 "suite has no operators yet" -- "$FUSEKIT" bench --db "$work/b.db" --suite attention
 expect 2 "unknown operator 'softmaxx' in --ops" -- "$FUSEKIT" bench --db "$work/b.db" --suite ops --ops layernorm,softmaxx
 expect 2 "selects operators of --suite ops or attention" -- "$FUSEKIT" bench --db "$work/b.db" --ops layernorm
 expect 2 "peers|exist" -- "$FUSEKIT" bench --db "$work/b.db" --suite ops --peers "$work/missing.py"
