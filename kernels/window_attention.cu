@@ -412,12 +412,13 @@ void dispatch(DType dtype, int tokens, int head_dim, FN&& fn) {
     by_tokens(TypeTag<__nv_bfloat16>{});
 }
 
-// Opts the kernel into its dynamic shared memory (above the default 48 KB), once per instantiation.
-template <class Kernel>
-void allow_shared(Kernel kernel, size_t bytes) {
-  static const bool done = [&] {
+// Opts KERNEL into its dynamic shared memory (above the default 48 KB), once per kernel: a template
+// on the kernel itself, as instantiations of one kernel template share their function type.
+template <auto KERNEL>
+void allow_shared(size_t bytes) {
+  static const bool done = [bytes] {
     FUSEKIT_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+        cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
     return true;
   }();
   (void)done;
@@ -428,9 +429,9 @@ void allow_shared(Kernel kernel, size_t bytes) {
 template <class T, int N, int D>
 int backward_slices(const WindowAttentionShape& s) {
   using C = Config<T, N, D>;
-  auto kernel = window_attention_backward_kernel<T, N, D>;
-  allow_shared(kernel, C::kBackwardBytes);
-  const int resident = resident_blocks(kernel, C::kThreads, C::kBackwardBytes);
+  allow_shared<window_attention_backward_kernel<T, N, D>>(C::kBackwardBytes);
+  static const int resident =
+      resident_blocks(window_attention_backward_kernel<T, N, D>, C::kThreads, C::kBackwardBytes);
   return std::max(1, std::min(s.windows, resident / s.heads));
 }
 
@@ -479,9 +480,8 @@ void window_attention_forward(DType dtype, const void* qkv, const void* table, c
         <<<ceil_div(s.heads * pairs, 256), 256, 0, stream>>>(static_cast<const T*>(table), index, bias, s.heads, pairs);
     FUSEKIT_CUDA_CHECK(cudaGetLastError());
     if (s.windows == 0) return;
-    auto kernel = window_attention_forward_kernel<T, N, D>;
-    allow_shared(kernel, C::kForwardBytes);
-    kernel<<<s.windows * s.heads, C::kThreads, C::kForwardBytes, stream>>>(
+    allow_shared<window_attention_forward_kernel<T, N, D>>(C::kForwardBytes);
+    window_attention_forward_kernel<T, N, D><<<s.windows * s.heads, C::kThreads, C::kForwardBytes, stream>>>(
         static_cast<const T*>(qkv), bias, s.mask_windows > 0 ? mask : nullptr, static_cast<T*>(out), lse, s.heads,
         std::max(s.mask_windows, 1), scale);
     FUSEKIT_CUDA_CHECK(cudaGetLastError());
