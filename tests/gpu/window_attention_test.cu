@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -163,6 +165,18 @@ TEST(WindowAttentionErrors, UnsupportedShapesAndDtypesAreOneClearError) {
   EXPECT_NE(message(DType::f16, {8, 3, 49, 48, 0}).find("head_dim"), std::string::npos);
   EXPECT_NE(message(DType::f16, {8, 65, 49, 32, 0}).find("heads"), std::string::npos);
   EXPECT_NE(message(DType::f16, {8, 3, 49, 32, 3}).find("mask_windows"), std::string::npos);
+  // Checked before any launch (so no GPU is needed here): 16-byte alignment, a mask where one is named.
+  char* aligned = reinterpret_cast<char*>(uintptr_t{1} << 20);
+  const WindowAttentionShape unmasked{8, 3, 49, 32, 0};
+  EXPECT_THROW(window_attention_forward(DType::f16, aligned + 2, aligned, nullptr, nullptr, aligned, nullptr, nullptr,
+                                        unmasked, 0.125f, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(window_attention_forward(DType::f16, aligned, aligned, nullptr, nullptr, aligned, nullptr, nullptr, good,
+                                        0.125f, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(window_attention_backward(DType::bf16, aligned, nullptr, nullptr, aligned, nullptr, aligned + 8, nullptr,
+                                         aligned, aligned, nullptr, unmasked, 0.125f, nullptr),
+               std::invalid_argument);
 }
 
 }  // namespace
