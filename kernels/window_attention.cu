@@ -43,12 +43,15 @@ struct Config {
   static constexpr int kPadded = (N + 15) / 16 * 16;  // 49 -> 64, 144 -> 144
   static constexpr int kThreads = kPadded <= 64 ? 128 : 256;
   static constexpr int kWarps = kThreads / kWarpSize;
-  static constexpr int kTiles = kPadded / 16;                             // 16-token tiles
-  static constexpr int kDimTiles = D / 16;                                // 16-column tiles of the head dimension
-  static constexpr int kLdTile = D + 8;                                   // T per row of Q, K, V, dO
-  static constexpr int kLdScores = kPadded + 4;                           // floats per row of S, dP
-  static constexpr int kLdProbs = kPadded + 8;                            // T per row of P, dS
-  static constexpr int kPerLane = (kPadded + kWarpSize - 1) / kWarpSize;  // keys per lane in the softmax
+  static constexpr int kTiles = kPadded / 16;  // 16-token tiles
+  static constexpr int kDimTiles = D / 16;     // 16-column tiles of the head dimension
+  static constexpr int kLdTile = D + 8;        // T per row of Q, K, V, dO
+  // floats per row of S, dP: + 8, so that the 4 rows one warp's softmax reads at once (8 lanes
+  // each) fall on distinct banks
+  static constexpr int kLdScores = kPadded + 8;
+  static constexpr int kLdProbs = kPadded + 8;              // T per row of P, dS
+  static constexpr int kRowLanes = kPadded <= 64 ? 8 : 16;  // lanes per row in the forward's softmax
+  static constexpr int kPerLane = kPadded / kRowLanes;      // keys per lane there: 8 or 9
   static constexpr size_t kTileBytes = sizeof(T) * kPadded * kLdTile;
   static constexpr size_t kScoresBytes = sizeof(float) * kPadded * kLdScores;
   static constexpr size_t kProbsBytes = sizeof(T) * kPadded * kLdProbs;
@@ -59,6 +62,7 @@ struct Config {
   // Backward: Q, K, V, dO, S then dP, P then dS, staging, lse and D per row.
   static constexpr size_t kBackwardBytes = 4 * kTileBytes + kScoresBytes + kProbsBytes + kStageBytes + 2 * kRowBytes;
   static_assert(D % 16 == 0 && kStageBytes <= kScoresBytes, "layout");
+  static_assert(kPerLane * kRowLanes == kPadded && kThreads / kRowLanes == 16, "16 softmax rows per pass");
   static_assert(kBackwardBytes <= 227 * 1024, "shared memory of one block on sm_90");
 };
 
@@ -151,7 +155,7 @@ __global__ void __launch_bounds__(Config<T, N, D>::kThreads)
   float* scores = reinterpret_cast<float*>(shared + 3 * C::kTileBytes);
   T* probs = reinterpret_cast<T*>(shared + 3 * C::kTileBytes + C::kScoresBytes);
   const int b = blockIdx.x / heads, h = blockIdx.x % heads;
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
 
   const size_t qkv_stride = 3 * static_cast<size_t>(heads) * D;  // elements from one token's row to the next
   const T* source = qkv + static_cast<size_t>(b) * N * qkv_stride + h * D;
@@ -162,44 +166,40 @@ __global__ void __launch_bounds__(Config<T, N, D>::kThreads)
   scores_product<T, N, D>(q, k, scores);
   __syncthreads();
 
-  // Softmax, a warp per row: lane holds keys lane, lane + 32, ...; padded keys and rows are 0 in P.
+  // Softmax, a group of kRowLanes lanes per row (16 rows per pass, as in softmax.cu): lane g of the
+  // group holds keys g, g + kRowLanes, ...; padded keys and padded rows come out 0 in P. Every thread
+  // runs every pass (kPadded / 16 of them), so the groups' shuffles see whole warps.
   const float* bias_h = bias + static_cast<size_t>(h) * N * N;
   const float* mask_w = mask ? mask + static_cast<size_t>(b % mask_windows) * N * N : nullptr;
-  for (int i = warp; i < C::kPadded; i += C::kWarps) {
-    T* p_row = probs + i * C::kLdProbs;
-    if (i >= N) {
-      for (int j = lane; j < C::kPadded; j += kWarpSize) p_row[j] = from_float<T>(0.f);
-      continue;
-    }
+  const int g = threadIdx.x % C::kRowLanes;
+  for (int i = threadIdx.x / C::kRowLanes; i < C::kPadded; i += C::kThreads / C::kRowLanes) {
     float z[C::kPerLane];
     float high = -INFINITY;
 #pragma unroll
     for (int r = 0; r < C::kPerLane; ++r) {
-      const int j = lane + r * kWarpSize;
+      const int j = g + r * C::kRowLanes;
       z[r] = -INFINITY;
-      if (j < N) {
+      if (i < N && j < N) {
         z[r] = scale * scores[i * C::kLdScores + j] + bias_h[i * N + j];
         if (mask_w) z[r] += mask_w[i * N + j];
       }
       high = fmaxf(high, z[r]);
     }
-    high = lane_group_max<kWarpSize>(high);
-    const float shift = high == -INFINITY ? 0.f : high;  // a row with no key writes zeros, not NaN
+    high = lane_group_max<C::kRowLanes>(high);
+    const float shift = high == -INFINITY ? 0.f : high;  // a row with no key (or a padded row) writes zeros
     float sum = 0.f;
 #pragma unroll
     for (int r = 0; r < C::kPerLane; ++r) {
       z[r] = exp2f((z[r] - shift) * kLog2e);
       sum += z[r];
     }
-    sum = warp_sum(sum);
+    sum = lane_group_sum<C::kRowLanes>(sum);
     const float inverse = sum > 0.f ? 1.f / sum : 0.f;
+    T* p_row = probs + i * C::kLdProbs;
 #pragma unroll
-    for (int r = 0; r < C::kPerLane; ++r) {
-      const int j = lane + r * kWarpSize;
-      if (j < C::kPadded) p_row[j] = from_float<T>(z[r] * inverse);
-    }
+    for (int r = 0; r < C::kPerLane; ++r) p_row[g + r * C::kRowLanes] = from_float<T>(z[r] * inverse);
     // +inf for a row with no key: the backward's exp(S - lse) is then 0 there.
-    if (lane == 0) lse[(static_cast<size_t>(b) * heads + h) * N + i] = sum > 0.f ? shift + logf(sum) : INFINITY;
+    if (g == 0 && i < N) lse[(static_cast<size_t>(b) * heads + h) * N + i] = sum > 0.f ? shift + logf(sum) : INFINITY;
   }
   __syncthreads();
 
