@@ -7,16 +7,17 @@
 // load_matrix_sync / store_matrix_sync only, so nothing depends on the fragments' register layout:
 //   row_major matrix_a at p, ldm:  A[r][c] = p[r * ldm + c];   col_major: A[r][c] = p[r + c * ldm]
 //   (and the same for matrix_b), so a col_major load of a row-major stored X reads X^T.
-// Scores S (and dP) are float [padded][padded + 4]; P (and dS) are T [padded][padded + 8]. The row
+// Scores S (and dP) are float [padded][padded + 8]; P (and dS) are T [padded][padded + 8]. The row
 // pitches are multiples of 8 elements of T / 4 floats as wmma requires, padded past the tile width
-// so that rows do not start on the same bank; every tile starts 32-byte aligned.
+// so that rows do not start on the same bank; every tile starts 32-byte aligned. The forward's
+// softmax reads S with 8 (49 tokens) or 16 (144) lanes per row, keys in registers, in float.
 // Outputs leave a warp's accumulator through a 16x16 float staging tile, 8 elements (16 bytes) per
 // lane, straight into the packed [tokens, 3, heads, head_dim] or [tokens, heads * head_dim] rows.
 //
 // The backward's blocks stay resident: block (slice, head) loops over windows slice, slice +
 // slices, ... of its head and keeps the sum of their dS in its own float slice of the workspace
 // (the first window stores, later ones add: no other block touches the slice, so no atomics).
-// table_gradient then sums the slices (window_bias_reduce_kernel) and folds [heads, N, N] into the
+// Two small kernels then sum the slices (window_bias_reduce_kernel) and fold [heads, N, N] into the
 // table through the index (window_table_gradient_kernel: a warp per table entry, a lane per head).
 #include <mma.h>
 
