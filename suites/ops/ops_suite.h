@@ -64,5 +64,6 @@ OpDefinition embedding_layernorm_op();
 OpDefinition window_partition_op();
 OpDefinition window_merge_op();
 OpDefinition patch_merging_op();
+OpDefinition window_attention_op();
 
 }  // namespace fusekit::suites
