@@ -5,7 +5,9 @@
 // row lives in registers; e is summed with rounded adds so the backward's recomputation is the
 // forward's bit for bit; the dropout words are drawn per vector (kernels/philox.cuh), never stored.
 // The backward keeps de in registers and adds it, in float, into the table accumulators:
-//   1. zero the accumulators; mark the word ids in use; scan the marks into compact slots;
+//   1. zero the accumulators; mark the word ids in use; give each marked id a compact slot (an
+//      accumulator row) from a counter, one atomic per warp (slot order is arbitrary: the sums in a
+//      slot do not depend on it);
 //   2. the row kernel: LayerNorm backward, dgamma/dbeta partials per block (no atomics), de added
 //      with float atomics (16-byte float4 atomics on sm_90) into the slot of its word id and into the
 //      position rows; the token-type rows (a handful, hit by every token) are summed per block in
@@ -245,39 +247,19 @@ __global__ void mark_words_kernel(Lookup lookup, int rows, int* mark) {
   }
 }
 
-// slot[v] = number of marked ids below v (an exclusive prefix sum): the word ids in use get the
-// accumulator rows 0, 1, ... in id order. One block; each thread scans a contiguous stretch.
-__global__ void word_slots_kernel(const int* mark, int* slot, int n) {
-  __shared__ int warp_offsets[kWarpSize];
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int warps = ceil_div(blockDim.x, kWarpSize);
-  const int per = ceil_div(n, blockDim.x);
-  const int begin = min(n, threadIdx.x * per), end = min(n, begin + per);
-  int own = 0;
-  for (int i = begin; i < end; ++i) own += mark[i];
-  int inclusive = own;
-#pragma unroll
-  for (int offset = 1; offset < kWarpSize; offset *= 2) {
-    const int below = __shfl_up_sync(0xffffffffu, inclusive, offset);
-    if (lane >= offset) inclusive += below;
-  }
-  if (lane == kWarpSize - 1) warp_offsets[warp] = inclusive;
-  __syncthreads();
-  if (warp == 0) {
-    const int total = lane < warps ? warp_offsets[lane] : 0;
-    int scan = total;
-#pragma unroll
-    for (int offset = 1; offset < kWarpSize; offset *= 2) {
-      const int below = __shfl_up_sync(0xffffffffu, scan, offset);
-      if (lane >= offset) scan += below;
-    }
-    warp_offsets[lane] = scan - total;
-  }
-  __syncthreads();
-  int running = warp_offsets[warp] + inclusive - own;
-  for (int i = begin; i < end; ++i) {
-    slot[i] = running;
-    running += mark[i];
+// slot[v] for every marked v: 0, 1, ... from `counter` (zeroed with the marks), one atomicAdd per
+// warp. Unmarked entries are left as they are (no reader looks at them).
+__global__ void word_slots_kernel(const int* __restrict__ mark, int* __restrict__ slot, int n, int* counter) {
+  const int lane = threadIdx.x % kWarpSize;
+  for (int first = blockIdx.x * blockDim.x; first < n; first += gridDim.x * blockDim.x) {
+    const int v = first + threadIdx.x;  // the whole warp runs every iteration (its ballot needs it)
+    const bool marked = v < n && mark[v] != 0;
+    const unsigned ballot = __ballot_sync(0xffffffffu, marked);
+    if (ballot == 0) continue;
+    int base = 0;
+    if (lane == 0) base = atomicAdd(counter, __popc(ballot));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    if (marked) slot[v] = base + __popc(ballot & ((1u << lane) - 1u));
   }
 }
 
@@ -513,7 +495,7 @@ int backward_block_limit(int rows) {
 
 // The backward's workspace, in floats, each part a whole number of 16-byte units.
 struct WorkspaceLayout {
-  size_t partial, small_sums, word_sums, mark, slot, total;
+  size_t partial, small_sums, word_sums, mark, counter, slot, total;
   explicit WorkspaceLayout(const EmbeddingLayerNormSizes& s) {
     auto round4 = [](size_t n) { return (n + 3) / 4 * 4; };
     const size_t C = s.hidden;
@@ -521,7 +503,8 @@ struct WorkspaceLayout {
     small_sums = partial + round4(2 * C * backward_block_limit(std::max(s.tokens, 1)));
     word_sums = small_sums + round4((static_cast<size_t>(s.max_positions) + s.token_types) * C);
     mark = word_sums + round4(static_cast<size_t>(std::min(s.tokens, s.vocab)) * C);
-    slot = mark + round4(s.vocab);
+    counter = mark + round4(s.vocab);  // one int, zeroed with the marks
+    slot = counter + 4;
     total = slot + round4(s.vocab);
   }
 };
@@ -549,15 +532,16 @@ void forward_typed(const ForwardArgs<T>& a, cudaStream_t stream) {
 }
 
 template <class T>
-void backward_typed(BackwardArgs<T> a, int* mark, int* slot, T* dword, T* dposition, T* dtype, T* dgamma, T* dbeta,
-                    cudaStream_t stream) {
+void backward_typed(BackwardArgs<T> a, int* mark, int* slot_counter, int* slot, T* dword, T* dposition, T* dtype,
+                    T* dgamma, T* dbeta, cudaStream_t stream) {
   const Lookup& l = a.lookup;
   int blocks = 0;  // partial rows written
   if (a.rows > 0) {
     const int threads = 256;
     mark_words_kernel<<<std::min(ceil_div(a.rows, threads), 16 * multiprocessors()), threads, 0, stream>>>(l, a.rows,
                                                                                                            mark);
-    word_slots_kernel<<<1, 1024, 0, stream>>>(mark, slot, l.vocab);
+    word_slots_kernel<<<std::min(ceil_div(l.vocab, threads), 4 * multiprocessors()), threads, 0, stream>>>(
+        mark, slot, l.vocab, slot_counter);
     FUSEKIT_CUDA_CHECK(cudaGetLastError());
 
     const int vec = vector_width<T>(a.C, {a.dy, a.tables.word, a.tables.position, a.tables.type, a.gamma});
@@ -703,9 +687,9 @@ void embedding_layernorm_backward(DType dtype, const EmbeddingLayerNormBackwardT
                                sizes.hidden,
                                -1,
                                make_stream(dropout)};
-    backward_typed<T>(args, mark, slot, static_cast<T*>(tensors.dword), static_cast<T*>(tensors.dposition),
-                      static_cast<T*>(tensors.dtoken_type), static_cast<T*>(tensors.dgamma),
-                      static_cast<T*>(tensors.dbeta), stream);
+    backward_typed<T>(args, mark, reinterpret_cast<int*>(base + layout.counter), slot, static_cast<T*>(tensors.dword),
+                      static_cast<T*>(tensors.dposition), static_cast<T*>(tensors.dtoken_type),
+                      static_cast<T*>(tensors.dgamma), static_cast<T*>(tensors.dbeta), stream);
   })
 }
 
