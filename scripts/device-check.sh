@@ -73,10 +73,10 @@ if want suite; then
   OUT_DIR="$run_dir" timeout "${FUSEKIT_SUITE_TIMEOUT:-3600}" bash scripts/run.sh >"$OUT/run.log" 2>&1
   suite_rc=$?
   # The store travels compressed, in pieces of 15 MB (join them with cat); the reports as they are.
-  xz -T8 -3 -c "$run_dir/fusekit.db" | split -b 15M - "$OUT/ops.db.xz."
-  cp "$run_dir/report.html" "$OUT/ops.html" 2>/dev/null
-  cp "$run_dir/cases.csv" "$OUT/ops.csv" 2>/dev/null
-  cp "$run_dir/report.md" "$OUT/ops.md" 2>/dev/null
+  xz -T8 -3 -c "$run_dir/fusekit.db" | split -b 15M - "$OUT/${FUSEKIT_SUITE:-ops}.db.xz."
+  cp "$run_dir/report.html" "$OUT/${FUSEKIT_SUITE:-ops}.html" 2>/dev/null
+  cp "$run_dir/cases.csv" "$OUT/${FUSEKIT_SUITE:-ops}.csv" 2>/dev/null
+  cp "$run_dir/report.md" "$OUT/${FUSEKIT_SUITE:-ops}.md" 2>/dev/null
   grep -E "^fusekit|Error|error" "$OUT/run.log" | tail -n 12
   summary+=("suite: rc $suite_rc in $((SECONDS - start)) s")
 fi

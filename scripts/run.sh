@@ -33,9 +33,10 @@ python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 
 # FUSEKIT_SUITE_DTYPE=fp16 runs the suite in one dtype (about half the time); default: fp16 and bf16.
 dtype=()
 [ -n "${FUSEKIT_SUITE_DTYPE:-}" ] && dtype=(--dtype "$FUSEKIT_SUITE_DTYPE")
+# FUSEKIT_SUITE=attention runs the attention suite instead of the operator suite (default: ops).
 # FUSEKIT_SUITE_OPS=layernorm,linear runs only those operators of the suite; default: all.
 [ -n "${FUSEKIT_SUITE_OPS:-}" ] && dtype+=(--ops "$FUSEKIT_SUITE_OPS")
-"$FUSEKIT" bench --suite ops "${dtype[@]}" "${peers[@]}" --db "$DB" --label "scripts/run.sh" --reps 30 --warmup 5 \
+"$FUSEKIT" bench --suite "${FUSEKIT_SUITE:-ops}" "${dtype[@]}" "${peers[@]}" --db "$DB" --label "scripts/run.sh" --reps 30 --warmup 5 \
   --traced-reps 3
 "$FUSEKIT" summary --db "$DB" --top 15 --short-names
 "$FUSEKIT" report --db "$DB" --format html -o "$OUT_DIR/report.html"
