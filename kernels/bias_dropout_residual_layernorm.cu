@@ -24,20 +24,6 @@ namespace {
 using namespace layernorm_rows;
 
 // The dropout of one call, as the kernels see it.
-struct DropoutStream {
-  uint64_t seed;
-  uint64_t offset;
-  uint32_t threshold;  // words below it are dropped (dropout_threshold)
-  float scale;         // 1 / (1 - p)
-  bool dropping;       // p > 0: draw words; otherwise every element is kept with multiplier 1
-
-  // Kept flags of N elements from `first` (bit k: element first + k).
-  template <int N>
-  __device__ __forceinline__ uint32_t kept_bits(uint64_t first) const {
-    return dropping ? dropout_kept_bits<N>(seed, offset, first, threshold) : 0xFFFFFFFFu;
-  }
-  __device__ __forceinline__ float multiplier(uint32_t bits, int k) const { return (bits >> k) & 1u ? scale : 0.f; }
-};
 
 // h = residual + (x + bias) * m with rounded operations: the forward and the backward's
 // recomputation must agree to the bit.
@@ -338,21 +324,6 @@ __global__ void dropout_mask_kernel(T* mask, size_t count, DropoutStream dropout
 
 // ---- kernel launchers
 
-DropoutStream make_stream(Dropout dropout) {
-  return {dropout.seed, dropout.offset, dropout_threshold(dropout.p), 1.f / (1.f - dropout.p), dropout.p > 0.f};
-}
-
-// Register configurations of layernorm_common.cuh, up to 4 vectors a thread and `max_tpr` threads a
-// row ({0, 0}: the looping kernels). With one element per vector (odd row lengths, misaligned
-// pointers: the general path) only NV = 4 is built, the rest of the lanes idle.
-Config choose(int vectors, int max_tpr, int vec) {
-  Config config = choose_config(vectors, 4);
-  if (config.tpr > max_tpr) return {0, 0};
-  if (vec == 1 && config.tpr > 0 && config.tpr <= kWarpSize) config.nv = 4;
-  return config;
-}
-template <int VEC, int NV>
-constexpr bool kBuilt = NV <= 4 && (VEC > 1 || NV == 4);
 // The backward holds four floats per element (h and three parameter-gradient accumulators): with
 // more than 256 threads a block (at most 128 registers each) they would spill, so longer rows take
 // the looping kernel.
@@ -361,12 +332,12 @@ constexpr int kBackwardMaxThreadsPerRow = 256;
 template <class T>
 void forward_typed(const ForwardArgs<T>& a, cudaStream_t stream) {
   const int vec = vector_width<T>(a.C, {a.x, a.bias, a.residual, a.gamma, a.beta, a.h, a.y});
-  const Config config = choose(a.C / vec, 1024, vec);
+  const Config config = choose_row_config(a.C / vec, 1024, vec);
   dispatch_vector_width<T>(vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
     const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
       constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
-      if constexpr (kBuilt<VEC, NV>) {
+      if constexpr (kRowConfigBuilt<VEC, NV>) {
         const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
         const int rows_per_block = threads / TPR;
         const int blocks = std::min(ceil_div(a.rows, rows_per_block), 64 * multiprocessors());
@@ -384,7 +355,7 @@ void forward_typed(const ForwardArgs<T>& a, cudaStream_t stream) {
 template <class T>
 void backward_typed(BackwardArgs<T> a, T* dgamma, T* dbeta, T* dbias, cudaStream_t stream) {
   const int vec = vector_width<T>(a.C, {a.dy, a.dh_extra, a.h, a.x, a.bias, a.residual, a.gamma, a.dx, a.dresidual});
-  Config config = choose(a.C / vec, kBackwardMaxThreadsPerRow, vec);
+  Config config = choose_row_config(a.C / vec, kBackwardMaxThreadsPerRow, vec);
   if (vec > 1 && config.tpr > 0 && config.tpr <= kWarpSize) config = choose_backward_config(a.C / vec);
   const int limit = backward_block_limit(a.rows);
   int blocks = limit;
@@ -392,7 +363,7 @@ void backward_typed(BackwardArgs<T> a, T* dgamma, T* dbeta, T* dbias, cudaStream
     constexpr int VEC = decltype(vec_c)::value;
     const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
       constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
-      if constexpr (TPR <= kBackwardMaxThreadsPerRow && kBuilt<VEC, NV>) {
+      if constexpr (TPR <= kBackwardMaxThreadsPerRow && kRowConfigBuilt<VEC, NV>) {
         const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
         const size_t shared = TPR <= kWarpSize ? sizeof(float) * 3 * a.C * (threads / kWarpSize) : 0;
         auto kernel = bias_dropout_residual_layernorm_backward_kernel<T, VEC, NV, TPR>;
@@ -459,7 +430,7 @@ void bias_dropout_residual_layernorm_forward(DType dtype, ResidualOrder order,
                               columns,
                               eps,
                               pre_ln,
-                              make_stream(dropout)};
+                              dropout_stream(dropout.p, dropout.seed, dropout.offset)};
     forward_typed<T>(args, stream);
   })
 }
@@ -500,7 +471,7 @@ void bias_dropout_residual_layernorm_backward(DType dtype, ResidualOrder order,
                                rows,
                                columns,
                                pre_ln,
-                               make_stream(dropout)};
+                               dropout_stream(dropout.p, dropout.seed, dropout.offset)};
     backward_typed<T>(args, static_cast<T*>(tensors.dgamma), static_cast<T*>(tensors.dbeta),
                       static_cast<T*>(tensors.dbias), stream);
   })
@@ -513,8 +484,9 @@ void bias_dropout_residual_layernorm_mask(DType dtype, Dropout dropout, void* ma
   const size_t count = static_cast<size_t>(rows) * columns;
   if (count == 0) return;
   const int blocks = static_cast<int>(std::min<size_t>((count + 255) / 256, 64 * multiprocessors()));
-  FUSEKIT_DTYPE_SWITCH(
-      dtype, dropout_mask_kernel<T><<<blocks, 256, 0, stream>>>(static_cast<T*>(mask), count, make_stream(dropout)));
+  FUSEKIT_DTYPE_SWITCH(dtype,
+                       dropout_mask_kernel<T><<<blocks, 256, 0, stream>>>(
+                           static_cast<T*>(mask), count, dropout_stream(dropout.p, dropout.seed, dropout.offset)));
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }
 

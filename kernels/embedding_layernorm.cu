@@ -29,20 +29,6 @@ namespace {
 
 using namespace layernorm_rows;
 
-struct DropoutStream {
-  uint64_t seed;
-  uint64_t offset;
-  uint32_t threshold;  // words below it are dropped (dropout_threshold)
-  float scale;         // 1 / (1 - p)
-  bool dropping;       // p > 0: draw words; otherwise every element is kept with multiplier 1
-
-  template <int N>
-  __device__ __forceinline__ uint32_t kept_bits(uint64_t first) const {
-    return dropping ? dropout_kept_bits<N>(seed, offset, first, threshold) : 0xFFFFFFFFu;
-  }
-  __device__ __forceinline__ float multiplier(uint32_t bits, int k) const { return (bits >> k) & 1u ? scale : 0.f; }
-};
-
 // The ids of one token, and whether all three are inside their tables.
 struct TokenIds {
   int64_t word, position, type;
@@ -467,21 +453,6 @@ __global__ void table_gradient_kernel(const TableGradientArgs<T> a) {
 
 // ---- kernel launchers
 
-DropoutStream make_stream(Dropout dropout) {
-  return {dropout.seed, dropout.offset, dropout_threshold(dropout.p), 1.f / (1.f - dropout.p), dropout.p > 0.f};
-}
-
-// As bias_dropout_residual_layernorm.cu: register configurations of layernorm_common.cuh, up to 4
-// vectors a thread and `max_tpr` threads a row ({0, 0}: the looping kernels); with one element per
-// vector only NV = 4 is built.
-Config choose(int vectors, int max_tpr, int vec) {
-  Config config = choose_config(vectors, 4);
-  if (config.tpr > max_tpr) return {0, 0};
-  if (vec == 1 && config.tpr > 0 && config.tpr <= kWarpSize) config.nv = 4;
-  return config;
-}
-template <int VEC, int NV>
-constexpr bool kBuilt = NV <= 4 && (VEC > 1 || NV == 4);
 // The backward holds three floats per element (e and two accumulators) and the dy vectors: longer
 // rows than 256 threads x 4 vectors take the looping kernel.
 constexpr int kBackwardMaxThreadsPerRow = 256;
@@ -512,12 +483,12 @@ struct WorkspaceLayout {
 template <class T>
 void forward_typed(const ForwardArgs<T>& a, cudaStream_t stream) {
   const int vec = vector_width<T>(a.C, {a.tables.word, a.tables.position, a.tables.type, a.gamma, a.beta, a.y});
-  const Config config = choose(a.C / vec, 1024, vec);
+  const Config config = choose_row_config(a.C / vec, 1024, vec);
   dispatch_vector_width<T>(vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
     const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
       constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
-      if constexpr (kBuilt<VEC, NV>) {
+      if constexpr (kRowConfigBuilt<VEC, NV>) {
         const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
         const int blocks = std::min(ceil_div(a.rows, threads / TPR), 64 * multiprocessors());
         embedding_layernorm_forward_kernel<T, VEC, NV, TPR><<<blocks, threads, 0, stream>>>(a);
@@ -545,14 +516,14 @@ void backward_typed(BackwardArgs<T> a, int* mark, int* slot_counter, int* slot, 
     FUSEKIT_CUDA_CHECK(cudaGetLastError());
 
     const int vec = vector_width<T>(a.C, {a.dy, a.tables.word, a.tables.position, a.tables.type, a.gamma});
-    const Config config = choose(a.C / vec, kBackwardMaxThreadsPerRow, vec);
+    const Config config = choose_row_config(a.C / vec, kBackwardMaxThreadsPerRow, vec);
     const int limit = backward_block_limit(a.rows);
     blocks = limit;
     dispatch_vector_width<T>(vec, [&](auto vec_c) {
       constexpr int VEC = decltype(vec_c)::value;
       const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
         constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
-        if constexpr (TPR <= kBackwardMaxThreadsPerRow && kBuilt<VEC, NV>) {
+        if constexpr (TPR <= kBackwardMaxThreadsPerRow && kRowConfigBuilt<VEC, NV>) {
           const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
           const size_t warp_bytes = TPR <= kWarpSize ? sizeof(float) * 2 * a.C * (threads / kWarpSize) : 0;
           const size_t type_bytes = sizeof(float) * static_cast<size_t>(l.types) * a.C;
@@ -643,7 +614,7 @@ void embedding_layernorm_forward(DType dtype, const EmbeddingLayerNormForwardTen
                               sizes.tokens,
                               sizes.hidden,
                               eps,
-                              make_stream(dropout)};
+                              dropout_stream(dropout.p, dropout.seed, dropout.offset)};
     forward_typed<T>(args, stream);
   })
 }
@@ -686,7 +657,7 @@ void embedding_layernorm_backward(DType dtype, const EmbeddingLayerNormBackwardT
                                sizes.tokens,
                                sizes.hidden,
                                -1,
-                               make_stream(dropout)};
+                               dropout_stream(dropout.p, dropout.seed, dropout.offset)};
     backward_typed<T>(args, mark, reinterpret_cast<int*>(base + layout.counter), slot, static_cast<T*>(tensors.dword),
                       static_cast<T*>(tensors.dposition), static_cast<T*>(tensors.dtoken_type),
                       static_cast<T*>(tensors.dgamma), static_cast<T*>(tensors.dbeta), stream);

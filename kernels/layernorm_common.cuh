@@ -40,6 +40,19 @@ inline Config choose_config(int vectors, int max_nv) {
   return {0, 0};
 }
 
+// The configurations the fused row kernels (bias + dropout + residual + LayerNorm, embedding +
+// LayerNorm) instantiate: up to 4 vectors a thread and `max_tpr` threads a row ({0, 0}: their looping
+// kernels). With one element per vector (odd row lengths, misaligned pointers: the general path)
+// only NV = 4 is built, the rest of the lanes idle.
+inline Config choose_row_config(int vectors, int max_tpr, int vec) {
+  Config config = choose_config(vectors, 4);
+  if (config.tpr > max_tpr) return {0, 0};
+  if (vec == 1 && config.tpr > 0 && config.tpr <= kWarpSize) config.nv = 4;
+  return config;
+}
+template <int VEC, int NV>
+constexpr bool kRowConfigBuilt = NV <= 4 && (VEC > 1 || NV == 4);
+
 // The backward's configuration: it holds two float accumulators per column besides the row, so
 // rows that fit 32 lanes take one vector a lane (more lanes per row, fewer registers, more rows in
 // flight); longer rows as choose_config. Measured on the H100 at 401408 x 128 and x 192 (fp16):

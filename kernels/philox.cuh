@@ -96,4 +96,25 @@ FUSEKIT_HOST_DEVICE uint32_t dropout_kept_bits(uint64_t seed, uint64_t offset, u
   return bits;
 }
 
+// One call's dropout, as the row kernels carry it: the stream (seed, offset), its threshold, and the
+// kept elements' multiplier 1 / (1 - p). p = 0 draws no words and keeps every element with 1.
+struct DropoutStream {
+  uint64_t seed;
+  uint64_t offset;
+  uint32_t threshold;  // words below it are dropped (dropout_threshold)
+  float scale;         // 1 / (1 - p)
+  bool dropping;       // p > 0: draw words; otherwise every element is kept with multiplier 1
+
+  // Kept flags of N elements from `first` (bit k: element first + k).
+  template <int N>
+  FUSEKIT_HOST_DEVICE uint32_t kept_bits(uint64_t first) const {
+    return dropping ? dropout_kept_bits<N>(seed, offset, first, threshold) : 0xFFFFFFFFu;
+  }
+  FUSEKIT_HOST_DEVICE float multiplier(uint32_t bits, int k) const { return (bits >> k) & 1u ? scale : 0.f; }
+};
+
+inline DropoutStream dropout_stream(float p, uint64_t seed, uint64_t offset) {
+  return {seed, offset, dropout_threshold(p), 1.f / (1.f - p), p > 0.f};
+}
+
 }  // namespace fusekit::kernels
