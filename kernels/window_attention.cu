@@ -3,10 +3,8 @@
 // Design: a block per (window, head), 128 threads for 49 tokens and 256 for 144. Q, K, V (and dO in
 // the backward) of the window sit in shared memory as [padded tokens][head_dim + 8] tiles of T, rows
 // past the window's tokens zero. The products run on tensor cores through nvcuda::wmma with
-// 16x16x16 fragments and fp32 accumulators; every fragment goes through shared memory with
-// load_matrix_sync / store_matrix_sync only, so nothing depends on the fragments' register layout:
-//   row_major matrix_a at p, ldm:  A[r][c] = p[r * ldm + c];   col_major: A[r][c] = p[r + c * ldm]
-//   (and the same for matrix_b), so a col_major load of a row-major stored X reads X^T.
+// 16x16x16 fragments and fp32 accumulators (kernels/attention_tiles.cuh: every fragment goes
+// through shared memory, so nothing depends on the fragments' register layout).
 // Scores S (and dP) are float [padded][padded + 8]; P (and dS) are T [padded][padded + 8]. The row
 // pitches are multiples of 8 elements of T / 4 floats as wmma requires, padded past the tile width
 // so that rows do not start on the same bank; every tile starts 32-byte aligned. The forward's
@@ -26,6 +24,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/attention_tiles.cuh"
 #include "kernels/common.cuh"
 #include "kernels/window_attention.h"
 
@@ -67,8 +66,6 @@ struct Config {
   static_assert(kBackwardBytes <= 227 * 1024, "shared memory of one block on sm_90");
 };
 
-using Accumulator = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
 // ---- CUDA kernels
 
 // Rows [0, N) of a [N, D] matrix whose rows lie `stride` elements apart in global memory, into a
@@ -82,21 +79,6 @@ __device__ __forceinline__ void load_tile(T* tile, const T* __restrict__ source,
     int4 value = make_int4(0, 0, 0, 0);
     if (r < N) value = __ldg(reinterpret_cast<const int4*>(source + r * stride + c));
     *reinterpret_cast<int4*>(tile + r * C::kLdTile + c) = value;
-  }
-}
-
-// acc = sum over `steps` 16-wide steps of A-tile x B-tile; a and b point at the first tiles and
-// advance by a_step and b_step elements per step.
-template <class T, class LayoutA, class LayoutB>
-__device__ __forceinline__ void multiply_tiles(Accumulator& acc, const T* a, int lda, int a_step, const T* b, int ldb,
-                                               int b_step, int steps) {
-  wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LayoutA> fa;
-  wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LayoutB> fb;
-  wmma::fill_fragment(acc, 0.f);
-  for (int k = 0; k < steps; ++k) {
-    wmma::load_matrix_sync(fa, a + k * a_step, lda);
-    wmma::load_matrix_sync(fb, b + k * b_step, ldb);
-    wmma::mma_sync(acc, fa, fb, acc);
   }
 }
 
@@ -411,18 +393,6 @@ void dispatch(DType dtype, int tokens, int head_dim, FN&& fn) {
     by_tokens(TypeTag<__half>{});
   else
     by_tokens(TypeTag<__nv_bfloat16>{});
-}
-
-// Opts KERNEL into its dynamic shared memory (above the default 48 KB), once per kernel: a template
-// on the kernel itself, as instantiations of one kernel template share their function type.
-template <auto KERNEL>
-void allow_shared(size_t bytes) {
-  static const bool done = [bytes] {
-    FUSEKIT_CUDA_CHECK(
-        cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-    return true;
-  }();
-  (void)done;
 }
 
 // Blocks per head of the backward: as many (slice, head) blocks as are resident at once, at most
