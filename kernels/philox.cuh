@@ -96,6 +96,15 @@ FUSEKIT_HOST_DEVICE uint32_t dropout_kept_bits(uint64_t seed, uint64_t offset, u
   return bits;
 }
 
+// The kept flags of elements first .. first + 3 as bits 0 .. 3, for any `first`: the four elements
+// lie in one group of four (one Philox call) or straddle two (two calls).
+FUSEKIT_HOST_DEVICE uint32_t dropout_kept_bits4(uint64_t seed, uint64_t offset, uint64_t first, uint32_t threshold) {
+  const unsigned shift = static_cast<unsigned>(first & 3);
+  uint32_t bits = dropout_kept_bits<4>(seed, offset, first - shift, threshold);
+  if (shift != 0) bits |= dropout_kept_bits<4>(seed, offset, first - shift + 4, threshold) << 4;
+  return (bits >> shift) & 0xFu;
+}
+
 // One call's dropout, as the row kernels carry it: the stream (seed, offset), its threshold, and the
 // kept elements' multiplier 1 / (1 - p). p = 0 draws no words and keeps every element with 1.
 struct DropoutStream {
@@ -109,6 +118,10 @@ struct DropoutStream {
   template <int N>
   FUSEKIT_HOST_DEVICE uint32_t kept_bits(uint64_t first) const {
     return dropping ? dropout_kept_bits<N>(seed, offset, first, threshold) : 0xFFFFFFFFu;
+  }
+  // Kept flags of the 4 elements from `first`, any `first` (bit k: element first + k).
+  FUSEKIT_HOST_DEVICE uint32_t kept_bits4(uint64_t first) const {
+    return dropping ? dropout_kept_bits4(seed, offset, first, threshold) : 0xFu;
   }
   FUSEKIT_HOST_DEVICE float multiplier(uint32_t bits, int k) const { return (bits >> k) & 1u ? scale : 0.f; }
 };
