@@ -19,6 +19,7 @@ const std::vector<OpDefinition>& ops() {
       layernorm_op(),        bias_gelu_op(),    softmax_op(),       bias_dropout_residual_layernorm_op(),
       cross_entropy_op(),    adamw_op(),        linear_op(),        embedding_layernorm_op(),
       window_partition_op(), window_merge_op(), patch_merging_op(), window_attention_op(),
+      bert_attention_op(),
   };
   return all;
 }

@@ -65,5 +65,7 @@ OpDefinition window_partition_op();
 OpDefinition window_merge_op();
 OpDefinition patch_merging_op();
 OpDefinition window_attention_op();
+// The attention suite: BERT's attention core (suites/ops/bert_attention.cpp).
+OpDefinition bert_attention_op();
 
 }  // namespace fusekit::suites

@@ -1,0 +1,89 @@
+// BERT attention, fused forward and backward with p = 0, against libtorch autograd of the eager
+// baseline (HuggingFace's composition with the additive mask): out, dqkv and each of dq, dk, dv. The
+// fused result may be at most twice as far from the baseline's float64 run as PyTorch eager's own
+// result in the same dtype (the FlashAttention rule). Valid lengths are random in [1, seq] with the
+// first sequence fully valid: the baseline's finite mask gives a sequence without valid keys
+// uniform attention where the kernels give 0 (kernels/bert_attention.h), so none is drawn here.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "baselines/bert_attention.h"
+#include "gpu_test_support.h"
+#include "kernels/bert_attention.h"
+#include "torch_test_support.h"
+
+namespace fusekit {
+namespace {
+
+struct Param {
+  kernels::DType dtype;
+  int batch;
+  int heads;
+  int seq;
+  int head_dim;
+};
+
+class BertAttentionTorchTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(BertAttentionTorchTest, MatchesAutogradOfTheBaseline) {
+  FUSEKIT_REQUIRE_GPU();
+  const Param p = GetParam();
+  const kernels::BertAttentionShape shape{p.batch, p.heads, p.seq, p.head_dim};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(p.head_dim));
+  const auto options = at::TensorOptions().dtype(torch_type(p.dtype)).device(at::kCUDA);
+  const auto float_options = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA);
+
+  const at::Tensor qkv = at::randn({p.batch, p.seq, 3, p.heads, p.head_dim}, options);
+  const at::Tensor dout = at::randn({p.batch, p.seq, p.heads * p.head_dim}, options);
+  at::Tensor lengths = at::randint(1, p.seq + 1, {p.batch}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA));
+  lengths.index_put_({0}, p.seq);
+
+  const auto ref = baselines::bert_attention_forward_backward(
+      qkv.to(at::kDouble), baselines::bert_additive_mask(lengths, p.seq, at::kDouble), scale, 0.0,
+      dout.to(at::kDouble));
+  const auto eager = baselines::bert_attention_forward_backward(
+      qkv, baselines::bert_additive_mask(lengths, p.seq, qkv.scalar_type()), scale, 0.0, dout);
+
+  at::Tensor out = at::full({p.batch, p.seq, p.heads * p.head_dim}, NAN, options);
+  at::Tensor dqkv = at::full_like(qkv, NAN);
+  at::Tensor lse = at::full({p.batch, p.heads, p.seq}, NAN, float_options);
+  at::Tensor workspace =
+      at::full({static_cast<int64_t>(kernels::bert_attention_backward_workspace_bytes(shape) / 4)}, NAN, float_options);
+  const kernels::BertAttentionDropout no_dropout{};
+  cudaStream_t stream = nullptr;  // the legacy default stream, which torch's ops above used too
+  kernels::bert_attention_forward(p.dtype, qkv.data_ptr(), lengths.data_ptr<int32_t>(), out.data_ptr(),
+                                  lse.data_ptr<float>(), shape, static_cast<float>(scale), no_dropout, stream);
+  kernels::bert_attention_backward(p.dtype, qkv.data_ptr(), lengths.data_ptr<int32_t>(), out.data_ptr(),
+                                   lse.data_ptr<float>(), dout.data_ptr(), dqkv.data_ptr(), workspace.data_ptr(), shape,
+                                   static_cast<float>(scale), no_dropout, stream);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  expect_within_twice_eager("out", out, eager.out, ref.out, 0.0);
+  expect_within_twice_eager("dqkv", dqkv, eager.dqkv, ref.dqkv, 0.0);
+  const char* names[3] = {"dq", "dk", "dv"};
+  for (int part = 0; part < 3; ++part) {
+    expect_within_twice_eager(names[part], dqkv.select(2, part), eager.dqkv.select(2, part), ref.dqkv.select(2, part),
+                              0.0);
+  }
+}
+
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+  const Param& p = info.param;
+  return std::string(kernels::dtype_name(p.dtype)) + "_" + std::to_string(p.batch) + "x" + std::to_string(p.heads) +
+         "x" + std::to_string(p.seq) + "x" + std::to_string(p.head_dim);
+}
+
+using kernels::DType;
+INSTANTIATE_TEST_SUITE_P(Shapes, BertAttentionTorchTest,
+                         ::testing::Values(Param{DType::f16, 8, 12, 128, 64}, Param{DType::bf16, 8, 12, 128, 64},
+                                           Param{DType::f16, 4, 16, 512, 64}, Param{DType::bf16, 2, 4, 512, 64},
+                                           Param{DType::f16, 3, 4, 77, 32}, Param{DType::bf16, 3, 2, 333, 128},
+                                           Param{DType::f16, 2, 2, 333, 128}, Param{DType::f16, 4, 3, 1, 64}),
+                         param_name);
+
+}  // namespace
+}  // namespace fusekit
