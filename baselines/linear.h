@@ -27,4 +27,12 @@ LinearGradients linear_forward_backward(const at::Tensor& x, const at::Tensor& w
 LinearGradients linear_gelu_forward_backward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                                              const at::Tensor& dz, const at::Tensor& weight_next);
 
+// BERT's QKV projection as HuggingFace's BertSelfAttention computes it: three at::linear calls
+// (query, key, value), each reading x. Forward only, or forward + backward from dqkv [tokens,
+// 3 * hidden] (the gradient of each projection is its third: what the fused attention backward
+// writes).
+void qkv_projection_forward(const at::Tensor& x, const at::Tensor (&weights)[3], const at::Tensor (&biases)[3]);
+void qkv_projection_forward_backward(const at::Tensor& x, const at::Tensor (&weights)[3], const at::Tensor (&biases)[3],
+                                     const at::Tensor& dqkv);
+
 }  // namespace fusekit::baselines

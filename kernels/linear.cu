@@ -266,6 +266,22 @@ void linear_backward(LinearContext& context, DType dtype, const LinearShape& sha
   }
 }
 
+void pack_qkv_projection(DType dtype, int hidden, int in_features, const void* const weights[3],
+                         const void* const biases[3], void* weight, void* bias, cudaStream_t stream) {
+  if (hidden <= 0 || in_features <= 0) {
+    throw std::invalid_argument("pack_qkv_projection: sizes must be > 0 (got hidden " + std::to_string(hidden) +
+                                ", in_features " + std::to_string(in_features) + ")");
+  }
+  check_operands({weights[0], weights[1], weights[2], biases[0], biases[1], biases[2], weight, bias});
+  const size_t s = dtype_size(dtype), weight_bytes = static_cast<size_t>(hidden) * in_features * s;
+  for (int part = 0; part < 3; ++part) {
+    FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(weight) + part * weight_bytes, weights[part], weight_bytes,
+                                       cudaMemcpyDeviceToDevice, stream));
+    FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(bias) + part * hidden * s, biases[part], hidden * s,
+                                       cudaMemcpyDeviceToDevice, stream));
+  }
+}
+
 void linear_gelu_backward_input(LinearContext& context, DType dtype, const LinearShape& next, const void* dz,
                                 const void* weight_next, const void* pre, void* dpre, void* dbias, cudaStream_t stream,
                                 GeluBackwardPath path) {

@@ -132,6 +132,14 @@ void linear_backward(LinearContext& context, DType dtype, const LinearShape& sha
 // The gradient through the GELU of the layer before `next`, fused into next's input-gradient GEMM:
 // dpre = gelu'(pre) * (dz W_next), dbias = sum_rows(dpre). next = M x N2 x N; dz: [M, N2];
 // weight_next: [N2, N]; pre (the earlier layer's saved pre-activation), dpre: [M, N]; dbias: [N].
+// The QKV projection of an attention layer as one linear layer: the query, key and value weights
+// ([hidden, in_features] each, as torch.nn.Linear holds them, their rows ordered [heads, head_dim])
+// and biases ([hidden]) arranged once, at load, into one weight [3 * hidden, in_features] and one
+// bias [3 * hidden]. linear_forward with them writes [tokens, 3, heads, head_dim]: the packed layout
+// the attention kernels read, with no transpose. Unpadded sizes.
+void pack_qkv_projection(DType dtype, int hidden, int in_features, const void* const weights[3],
+                         const void* const biases[3], void* weight, void* bias, cudaStream_t stream);
+
 enum class GeluBackwardPath { kernel, cublaslt_epilogue };  // see the top of this file
 
 void linear_gelu_backward_input(LinearContext& context, DType dtype, const LinearShape& next, const void* dz,

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # Suite order (suites/ops/ops_suite.cpp).
 OPERATORS = ["layernorm", "bias_gelu", "softmax", "bias_dropout_residual_layernorm", "cross_entropy", "adamw",
              "linear", "embedding_layernorm", "window_partition", "window_merge", "patch_merging",
-             "window_attention", "bert_attention"]
+             "window_attention", "qkv_projection", "bert_attention"]
 SCHEMA_VERSION = "1"
 
 

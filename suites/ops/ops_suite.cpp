@@ -16,10 +16,10 @@ bool baselines_available() {
 
 const std::vector<OpDefinition>& ops() {
   static const std::vector<OpDefinition> all = {
-      layernorm_op(),        bias_gelu_op(),    softmax_op(),       bias_dropout_residual_layernorm_op(),
-      cross_entropy_op(),    adamw_op(),        linear_op(),        embedding_layernorm_op(),
-      window_partition_op(), window_merge_op(), patch_merging_op(), window_attention_op(),
-      bert_attention_op(),
+      layernorm_op(),        bias_gelu_op(),      softmax_op(),       bias_dropout_residual_layernorm_op(),
+      cross_entropy_op(),    adamw_op(),          linear_op(),        embedding_layernorm_op(),
+      window_partition_op(), window_merge_op(),   patch_merging_op(), window_attention_op(),
+      qkv_projection_op(),   bert_attention_op(),
   };
   return all;
 }

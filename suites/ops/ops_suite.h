@@ -65,6 +65,7 @@ OpDefinition window_partition_op();
 OpDefinition window_merge_op();
 OpDefinition patch_merging_op();
 OpDefinition window_attention_op();
+OpDefinition qkv_projection_op();
 // The attention suite: BERT's attention core (suites/ops/bert_attention.cpp).
 OpDefinition bert_attention_op();
 

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -217,6 +218,57 @@ TEST(Linear, PaddedAndUnpaddedAgree) {
 }
 
 // The second call of the same shape makes no new plan (no descriptors, no heuristic query).
+// The QKV projection packed once (pack_qkv_projection) and run as one linear layer writes, for each
+// token, the query, key and value projections side by side: [tokens, 3, hidden], each third equal to
+// its own projection x W_i^T + b_i.
+TEST(Linear, PackedQkvProjectionWritesQueryKeyValueSideBySide) {
+  FUSEKIT_REQUIRE_GPU();
+  LinearContext context;
+  for (const DType dtype : {DType::f16, DType::bf16}) {
+    const int tokens = 77, hidden = 96, in = 64;
+    std::mt19937_64 rng(std::random_device{}());
+    std::normal_distribution<double> normal(0.0, 1.0);
+    auto fill = [&](size_t n, double scale) {
+      std::vector<double> v(n);
+      for (double& e : v) e = scale * normal(rng);
+      return v;
+    };
+    std::vector<double> x = fill(size_t(tokens) * in, 1.0);
+    Matrix xm(tokens, in, in, dtype);
+    xm.upload(x);
+    std::vector<std::vector<double>> w(3), b(3);
+    std::vector<std::unique_ptr<Matrix>> wm, bm;  // Matrix owns device memory: never copied
+    for (int part = 0; part < 3; ++part) {
+      w[part] = fill(size_t(hidden) * in, 1.0 / std::sqrt(in));
+      b[part] = fill(hidden, 0.5);
+      wm.push_back(std::make_unique<Matrix>(hidden, in, in, dtype));
+      bm.push_back(std::make_unique<Matrix>(1, hidden, hidden, dtype));
+      wm.back()->upload(w[part]);
+      bm.back()->upload(b[part]);
+    }
+    Matrix weight(3 * hidden, in, in, dtype), bias(1, 3 * hidden, 3 * hidden, dtype),
+        y(tokens, 3 * hidden, 3 * hidden, dtype);
+    const void* weights[3] = {wm[0]->get(), wm[1]->get(), wm[2]->get()};
+    const void* biases[3] = {bm[0]->get(), bm[1]->get(), bm[2]->get()};
+    pack_qkv_projection(dtype, hidden, in, weights, biases, weight.get(), bias.get(), nullptr);
+    linear_forward(context, dtype, LinearEpilogue::bias, {tokens, 3 * hidden, in, false}, xm.get(), weight.get(),
+                   bias.get(), y.get(), nullptr, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    bool pads_zero = true;
+    const std::vector<double> out = y.download(pads_zero);
+    for (int part = 0; part < 3; ++part) {
+      const auto expected = reference::linear_forward(x, w[part], b[part], tokens, hidden, in, false);
+      std::vector<double> got(size_t(tokens) * hidden);
+      for (int t = 0; t < tokens; ++t) {
+        for (int c = 0; c < hidden; ++c) got[size_t(t) * hidden + c] = out[(size_t(t) * 3 + part) * hidden + c];
+      }
+      EXPECT_LT(relative_error(got, expected.y), tolerance(dtype)) << dtype_name(dtype) << " part " << part;
+    }
+  }
+  const void* none[3] = {nullptr, nullptr, nullptr};
+  EXPECT_THROW(pack_qkv_projection(DType::f16, 0, 8, none, none, nullptr, nullptr, nullptr), std::invalid_argument);
+}
+
 TEST(Linear, RepeatedCallsReuseThePlan) {
   FUSEKIT_REQUIRE_GPU();
   LinearContext context;
