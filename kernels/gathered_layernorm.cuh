@@ -201,8 +201,8 @@ void backward(const char* op, const T* dy, const T* x, const T* gamma, const flo
     constexpr int VEC = decltype(vec_c)::value;
     dispatch_config(config, [&](auto tpr_c, auto nv_c) {
       constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
-      // choose_backward_config gives lanes per row one vector each below 32 lanes, and at most 4.
-      if constexpr (NV <= 4 && (TPR >= kWarpSize || NV == 1)) {
+      // choose_backward_config gives at most 4 vectors a lane (e.g. 16 lanes x 3 for 48 vectors).
+      if constexpr (NV <= 4) {
         const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
         const size_t shared = TPR <= kWarpSize ? sizeof(float) * 2 * L * (threads / kWarpSize) : 0;
         auto kernel = backward_kernel<T, VEC, NV, TPR, Map>;
