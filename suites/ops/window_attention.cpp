@@ -81,7 +81,9 @@ double bytes_moved(const kernels::WindowAttentionShape& s, kernels::DType dtype,
   // index (int32), gathered bias (float), mask (float)
   const double small = pairs * 4 + s.heads * pairs * 4 + static_cast<double>(s.mask_windows) * pairs * 4;
   const double forward = qkv + out + lse + table + small;
-  const double backward_bytes = qkv + out + out + lse + qkv + table + small;  // reads qkv, out, dout, lse; writes dqkv
+  // Reads qkv, dout, lse; writes dqkv. O is not counted: D_i = dO_i . O_i is also rowsum(P * dP),
+  // which a fused backward has in registers (the 49-token kernel reads no O).
+  const double backward_bytes = qkv + out + lse + qkv + table + small;
   return backward ? forward + backward_bytes : forward;
 }
 
