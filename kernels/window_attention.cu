@@ -1,4 +1,6 @@
 // Swin window attention forward and backward (see window_attention.h for the math and layouts).
+// 49-token windows take the register-fragment kernels further down ("49-token windows"); what
+// follows describes the shared-memory kernels, which serve 144-token windows.
 //
 // Design: a block per (window, head), 128 threads for 49 tokens and 256 for 144. Q, K, V (and dO in
 // the backward) of the window sit in shared memory as [padded tokens][head_dim + 8] tiles of T, rows

@@ -24,12 +24,18 @@
 // tokens is 49 (window 7) or 144 (window 12); head_dim 32 or 64; heads 1..64. Pointers to qkv, out,
 // dout and dqkv must be 16-byte aligned.
 //
-// Design: one thread block per (window, head) keeps Q, K, V of the window in shared memory, tokens
-// padded to a multiple of 16 (49 -> 64), and runs the three products on tensor cores through
-// nvcuda::wmma (16x16x16, fp32 accumulators); the softmax and every elementwise step are in fp32.
-// The backward's blocks each loop over a strided set of windows of one head and sum dS over their
-// windows into their own slice of `workspace` (plain stores, no atomics); a reduction kernel then
-// sums the slices, and a gather kernel folds [heads, tokens, tokens] into the table's entries.
+// Design, 49 tokens (window 7): a block of 4 warps takes a run of windows that share one head and
+// one mask window, so the bias + mask it adds stay in registers for all of them; Q, K, V (and dO)
+// of the next window are copied asynchronously into a second shared-memory stage while the current
+// one is computed. Warp w owns query rows 16w..16w+15 (tokens padded to 64); S = Q K^T, the softmax
+// and P live in mma.sync m16n8k16 fragments (fp32 accumulators) and P feeds P V from registers.
+// The backward takes D_i = rowsum(P * dP) from its registers (so `out` is not read), writes P^T and
+// dS^T to shared memory for dV and dK, and sums dS over its windows in registers; each block stores
+// that sum in its own slice of `workspace`, a reduction kernel sums the slices, and a gather kernel
+// folds [heads, tokens, tokens] into the table's entries (no atomics: deterministic).
+// 144 tokens (window 12): one block per (window, head) with Q, K, V, S and P in shared memory,
+// products through nvcuda::wmma; the backward's resident blocks loop over strided windows of a head.
+// The softmax and every elementwise step are in fp32.
 #pragma once
 
 #include <cuda_runtime.h>
