@@ -6,6 +6,7 @@
 #   overhead   the tracer's cost per kernel launch, and a PyTorch loop traced from outside
 #   suite      the main job (scripts/run.sh): the operator suite with its peers, and its reports
 # Needs .deps/ from scripts/device-deps.sh. Writes logs, stores and reports under $OUT (or out/device).
+# FUSEKIT_TARGETS="fusekit" builds only the CLI (enough for the suite stage; about half the build).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/out/device}"

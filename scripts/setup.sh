@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what fusekit needs from Debian packages (where missing), configures and builds.
-# Sourced by run.sh and test.sh. Honors BUILD_DIR (default build) and CMAKE_ARGS.
+# Sourced by run.sh and test.sh. Honors BUILD_DIR (default build), CMAKE_ARGS and FUSEKIT_TARGETS.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
@@ -51,4 +51,6 @@ if ! cmake "${cmake_args[@]}" >"$BUILD_DIR.configure.log" 2>&1; then
   fi
 fi
 grep 'fusekit:' "$BUILD_DIR.configure.log" || true
-cmake --build "$BUILD_DIR" -j "$(nproc)" -- -k 0
+# FUSEKIT_TARGETS="fusekit" builds only those targets (a suite run needs only the CLI).
+# shellcheck disable=SC2086
+cmake --build "$BUILD_DIR" -j "$(nproc)" ${FUSEKIT_TARGETS:+--target $FUSEKIT_TARGETS} -- -k 0
