@@ -400,16 +400,16 @@ template <class T, int D>
 struct SmallWindow {
   static constexpr int kN = 49;
   static constexpr int kThreads = 128;
-  static constexpr int kRows = 64;                  // padded tokens: 4 warps x 16 query rows
-  static constexpr int kKeyTiles = 7;               // 8-key tiles of S: keys 0..55
-  static constexpr int kKeySteps = 4;               // 16-key steps of P V: keys 0..63
-  static constexpr int kDimTiles = D / 8;           // 8-column tiles of O, dQ, dK, dV
-  static constexpr int kDimSteps = D / 16;          // 16-wide steps of Q K^T and dO V^T
-  static constexpr int kLd = D + 8;                 // T per tile row: conflict-free fragment loads
-  static constexpr int kLdTransposed = kRows + 8;   // T per row of P^T and dS^T
-  static constexpr int kTile = kRows * kLd;         // T per tile
-  static constexpr int kForwardTiles = 3;           // Q, K, V
-  static constexpr int kBackwardTiles = 4;          // Q, K, V, dO
+  static constexpr int kRows = 64;                 // padded tokens: 4 warps x 16 query rows
+  static constexpr int kKeyTiles = 7;              // 8-key tiles of S: keys 0..55
+  static constexpr int kKeySteps = 4;              // 16-key steps of P V: keys 0..63
+  static constexpr int kDimTiles = D / 8;          // 8-column tiles of O, dQ, dK, dV
+  static constexpr int kDimSteps = D / 16;         // 16-wide steps of Q K^T and dO V^T
+  static constexpr int kLd = D + 8;                // T per tile row: conflict-free fragment loads
+  static constexpr int kLdTransposed = kRows + 8;  // T per row of P^T and dS^T
+  static constexpr int kTile = kRows * kLd;        // T per tile
+  static constexpr int kForwardTiles = 3;          // Q, K, V
+  static constexpr int kBackwardTiles = 4;         // Q, K, V, dO
   static constexpr size_t kForwardBytes = 2 * kForwardTiles * sizeof(T) * kTile;
   static constexpr size_t kTransposedBytes = sizeof(T) * kRows * kLdTransposed;
   static constexpr size_t kBackwardBytes =
@@ -483,8 +483,8 @@ __device__ __forceinline__ void load_window_bias(float (&add)[KEY_TILES][4], con
 
 // S = Q K^T for the warp's 16 rows (accumulators s[j] for keys 8j..8j+7).
 template <class T, int D>
-__device__ __forceinline__ void row_scores(float (&s)[SmallWindow<T, D>::kKeyTiles][4], const T* a, const T* b,
-                                           int r0, int g, int t) {
+__device__ __forceinline__ void row_scores(float (&s)[SmallWindow<T, D>::kKeyTiles][4], const T* a, const T* b, int r0,
+                                           int g, int t) {
   using C = SmallWindow<T, D>;
 #pragma unroll
   for (int j = 0; j < C::kKeyTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
@@ -574,8 +574,8 @@ __device__ __forceinline__ void store_fragments(const float (&acc)[SmallWindow<T
 template <class T, int D>
 __global__ void __launch_bounds__(SmallWindow<T, D>::kThreads)
     window_attention_forward_small_kernel(const T* __restrict__ qkv, const float* __restrict__ bias,
-                                          const float* __restrict__ mask, T* __restrict__ out,
-                                          float* __restrict__ lse, int heads, WindowDeal deal, float scale) {
+                                          const float* __restrict__ mask, T* __restrict__ out, float* __restrict__ lse,
+                                          int heads, WindowDeal deal, float scale) {
   using C = SmallWindow<T, D>;
   constexpr int N = C::kN;
   extern __shared__ __align__(128) unsigned char shared[];
@@ -648,8 +648,8 @@ __global__ void __launch_bounds__(SmallWindow<T, D>::kThreads)
     }
 
     float o[C::kDimTiles][4] = {};
-    fragments_times_tile<T, D>(o, s, sum0 > 0.f ? 1.f / sum0 : 0.f, sum1 > 0.f ? 1.f / sum1 : 0.f,
-                               q + 2 * C::kTile, g, t);
+    fragments_times_tile<T, D>(o, s, sum0 > 0.f ? 1.f / sum0 : 0.f, sum1 > 0.f ? 1.f / sum1 : 0.f, q + 2 * C::kTile, g,
+                               t);
     store_fragments<T, D>(o, out + window * N * out_stride + h * D, out_stride, 16 * warp, 1.f, g, t);
     __syncthreads();  // the stage is refilled with window k + 2
   }
@@ -665,9 +665,10 @@ __global__ void __launch_bounds__(SmallWindow<T, D>::kThreads, SmallWindow<T, D>
   constexpr int N = C::kN;
   extern __shared__ __align__(128) unsigned char shared[];
   T* tiles = reinterpret_cast<T*>(shared);  // [stage][Q, K, V, dO][kRows][kLd]
-  T* probs_t = reinterpret_cast<T*>(shared + 2 * C::kBackwardTiles * sizeof(T) * C::kTile);  // P^T [key][query]
+  T* probs_t = reinterpret_cast<T*>(shared + 2 * C::kBackwardTiles * sizeof(T) * C::kTile);         // P^T [key][query]
   T* ds_t = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(probs_t) + C::kTransposedBytes);  // dS^T
-  float* row_lse = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(ds_t) + C::kTransposedBytes);  // [stage][kRows]
+  float* row_lse =
+      reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(ds_t) + C::kTransposedBytes);  // [stage][kRows]
   const int cls = blockIdx.x / deal.parts, part = blockIdx.x % deal.parts;
   const int h = cls / deal.mask_windows, m = cls % deal.mask_windows;
   const int first = part * deal.chunk, last = min(deal.per_class, first + deal.chunk);
@@ -683,7 +684,8 @@ __global__ void __launch_bounds__(SmallWindow<T, D>::kThreads, SmallWindow<T, D>
     copy_tile_async<T, D>(tile + C::kTile, source + heads * D, qkv_stride);
     copy_tile_async<T, D>(tile + 2 * C::kTile, source + 2 * heads * D, qkv_stride);
     copy_tile_async<T, D>(tile + 3 * C::kTile, dout + window * N * out_stride + h * D, out_stride);
-    if (threadIdx.x < N) copy_async4(row_lse + stage * C::kRows + threadIdx.x, lse + (window * heads + h) * N + threadIdx.x);
+    if (threadIdx.x < N)
+      copy_async4(row_lse + stage * C::kRows + threadIdx.x, lse + (window * heads + h) * N + threadIdx.x);
     copy_async_commit();
   };
   fetch(first, 0);
@@ -766,8 +768,7 @@ __global__ void __launch_bounds__(SmallWindow<T, D>::kThreads, SmallWindow<T, D>
   }
 
   // This block's sum of dS over its windows into its own slice (m * parts + part) of the workspace.
-  float* partial =
-      partials + ((static_cast<size_t>(m) * deal.parts + part) * heads + h) * static_cast<size_t>(N) * N;
+  float* partial = partials + ((static_cast<size_t>(m) * deal.parts + part) * heads + h) * static_cast<size_t>(N) * N;
 #pragma unroll
   for (int j = 0; j < C::kKeyTiles; ++j) {
 #pragma unroll
@@ -937,7 +938,7 @@ void window_attention_backward(DType dtype, const void* qkv, const float* bias, 
     }
     const int count = s.heads * pairs;
     window_bias_reduce_kernel<<<ceil_div(count, kWarpSize), dim3(kWarpSize, kSliceGroups), 0, stream>>>(partials, dbias,
-                                                                                               count, slices);
+                                                                                                        count, slices);
     FUSEKIT_CUDA_CHECK(cudaGetLastError());
     window_table_gradient_kernel<T><<<ceil_div(entries * kWarpSize, 256), 256, 0, stream>>>(
         dbias, index, static_cast<T*>(dtable), entries, s.heads, pairs);

@@ -98,7 +98,7 @@ BertAttentionOutputs bert_attention_forward(const std::vector<double>& qkv, cons
 
 std::vector<double> bert_attention_backward(const std::vector<double>& qkv, const std::vector<int>& valid_lengths,
                                             const std::vector<double>& multipliers, const std::vector<double>& dout,
-                                            const BertAttentionSizes& s, double scale) {
+                                            const BertAttentionSizes& s, double scale, const std::vector<double>& out) {
   const Layout l{s};
   const int n = s.seq, d = s.head_dim;
   std::vector<double> dqkv(qkv.size(), 0.0);
@@ -122,7 +122,11 @@ std::vector<double> bert_attention_backward(const std::vector<double>& qkv, cons
       // dS = P (dP - sum_j P dP) row by row (the softmax's Jacobian); dQ, dK through S = scale Q K^T.
       for (int i = 0; i < n; ++i) {
         double dot = 0;
-        for (int j = 0; j < valid; ++j) dot += p[static_cast<size_t>(i) * n + j] * dp[static_cast<size_t>(i) * n + j];
+        if (out.empty()) {
+          for (int j = 0; j < valid; ++j) dot += p[static_cast<size_t>(i) * n + j] * dp[static_cast<size_t>(i) * n + j];
+        } else {
+          for (int c = 0; c < d; ++c) dot += dout[l.out(b, i, h, c)] * out[l.out(b, i, h, c)];
+        }
         for (int j = 0; j < valid; ++j) {
           const double ds = p[static_cast<size_t>(i) * n + j] * (dp[static_cast<size_t>(i) * n + j] - dot);
           for (int c = 0; c < d; ++c) {

@@ -34,8 +34,12 @@ BertAttentionOutputs bert_attention_forward(const std::vector<double>& qkv, cons
                                             double scale);
 
 // dout: [batch, seq, heads * head_dim]; returns dqkv [batch, seq, 3, heads, head_dim].
+// D_i = sum_j P[i,j] dP[i,j] by default. Given `out` (an O, e.g. the forward's as a kernel stored it),
+// D_i = sum_c dO[i,c] out[i,c] instead: FlashAttention's identity, which the fused backward uses; the
+// two agree for the exact O (dropout included), and differ by the rounding of a stored one.
 std::vector<double> bert_attention_backward(const std::vector<double>& qkv, const std::vector<int>& valid_lengths,
                                             const std::vector<double>& multipliers, const std::vector<double>& dout,
-                                            const BertAttentionSizes& sizes, double scale);
+                                            const BertAttentionSizes& sizes, double scale,
+                                            const std::vector<double>& out = {});
 
 }  // namespace fusekit::reference

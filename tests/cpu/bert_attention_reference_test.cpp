@@ -1,8 +1,9 @@
 // The float64 reference of BERT attention, with no GPU: the forward on inputs whose answer is known
 // (uniform attention averages the valid values; the log-sum-exp), a sequence with no valid key,
 // every gradient against central finite differences of the forward (without dropout and with a
-// Philox mask), and the 4-element kept flags the kernels draw (dropout_kept_bits4) at every
-// alignment against the element-by-element stream.
+// Philox mask) and with D taken from O (FlashAttention's identity, as the fused backward does), and
+// the 4-element kept flags the kernels draw (dropout_kept_bits4) at every alignment against the
+// element-by-element stream.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -81,8 +82,13 @@ void check_gradients(float p) {
     qkv[e] = saved;
     EXPECT_NEAR(dqkv[e], (up - down) / (2 * h), 1e-6 * (1 + std::abs(dqkv[e]))) << "dqkv[" << e << "]";
   }
-  // Masked keys get exactly zero dK and dV; a sequence without valid keys, zero gradients and output.
+  // FlashAttention's identity with dropout: D_i = dO_i . O_i, with O = (P * M) V, is sum_j P dP with
+  // dP = (dO V^T) * M, so D taken from the exact O (as the fused backward takes it from the stored one)
+  // gives the same gradients.
   const auto o = reference::bert_attention_forward(qkv, valid, m, s, scale);
+  const std::vector<double> from_out = reference::bert_attention_backward(qkv, valid, m, g, s, scale, o.out);
+  for (size_t e = 0; e < qkv.size(); ++e) EXPECT_NEAR(from_out[e], dqkv[e], 1e-12) << "dqkv[" << e << "], D from O";
+  // Masked keys get exactly zero dK and dV; a sequence without valid keys, zero gradients and output.
   for (int b = 0; b < s.batch; ++b) {
     for (int i = 0; i < s.seq; ++i) {
       for (int hd = 0; hd < s.heads; ++hd) {

@@ -5,6 +5,7 @@
 // million rows, and misaligned pointers (the one-element general path).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -151,9 +152,22 @@ TEST_P(BiasDropoutResidualLayerNormTest, ForwardAndBackwardMatchFloat64Reference
   const std::vector<double> dx_out = dx.download(), dresidual_out = dresidual.download();
   EXPECT_LT(relative_error(dx_out, grad.dx), bound(grad.dx)) << "dx";
   EXPECT_LT(relative_error(dresidual_out, grad.dresidual), bound(grad.dresidual)) << "dresidual";
-  EXPECT_LT(relative_error(dbias.download(), grad.dbias), bound(grad.dbias)) << "dbias";
-  EXPECT_LT(relative_error(dgamma.download(), grad.dgamma), bound(grad.dgamma)) << "dgamma";
-  EXPECT_LT(relative_error(dbeta.download(), grad.dbeta), bound(grad.dbeta)) << "dbeta";
+  // dbias, dgamma and dbeta are column sums over the rows, accumulated in float in every dtype. A
+  // float sum's rounding follows its partial sums, which for terms of random sign are of the size of
+  // the terms' root-sum-square, not of the final sum. Where the terms cancel (one column: 257 values
+  // of mixed sign, whose sum is now and then under 1% of that size) ||ref|| understates that scale,
+  // and an fp32 error of a few float roundings broke 1e-5 (in about 0.5% of runs). So the error is
+  // measured against the larger of ||ref|| and the terms' norm: on random inputs the two are alike
+  // and the bound is unchanged; only a sum that cancels is measured against its terms.
+  std::vector<double> dgamma_terms(n);
+  for (size_t i = 0; i < n; ++i) dgamma_terms[i] = dy[i] * (h_used[i] - ln.mean[i / C]) * ln.rstd[i / C];
+  auto sum_bound = [&](const std::vector<double>& reference_values, const std::vector<double>& terms) {
+    const double scale = norm(reference_values);
+    return scale > 0 ? tol * std::max(1.0, norm(terms) / scale) : bound(reference_values);
+  };
+  EXPECT_LT(relative_error(dbias.download(), grad.dbias), sum_bound(grad.dbias, grad.dx)) << "dbias";
+  EXPECT_LT(relative_error(dgamma.download(), grad.dgamma), sum_bound(grad.dgamma, dgamma_terms)) << "dgamma";
+  EXPECT_LT(relative_error(dbeta.download(), grad.dbeta), sum_bound(grad.dbeta, dy)) << "dbeta";
 
   // The mask itself: dropped elements have exactly zero gradient, and kept ones are dresidual / (1 - p)
   // (exactly dresidual at p = 0, in every storage type).
