@@ -46,21 +46,7 @@ BertAttentionCaseShape parse_bert_attention_shape(const std::string& text) {
                             "': expected BATCHxHEADSxSEQxD[:pPROB] with D 32, 64 or 128 and PROB in [0, 1), e.g. "
                             "64x12x128x64:p0.1";
   const size_t colon = text.find(':');
-  const std::string sizes_text = text.substr(0, colon);
-  long sizes[4];
-  size_t at = 0;
-  for (int i = 0; i < 4; ++i) {
-    const size_t end = i < 3 ? sizes_text.find('x', at) : sizes_text.size();
-    if (end == std::string::npos || end == at) throw std::invalid_argument(usage);
-    size_t used = 0;
-    try {
-      sizes[i] = std::stol(sizes_text.substr(at, end - at), &used);
-    } catch (const std::exception&) {
-      throw std::invalid_argument(usage);
-    }
-    if (used != end - at || sizes[i] <= 0 || sizes[i] > (1L << 24)) throw std::invalid_argument(usage);
-    at = end + 1;
-  }
+  const std::vector<long> sizes = parse_sizes(text.substr(0, colon), 4, 1L << 24, usage);
   BertAttentionCaseShape s{
       {static_cast<int>(sizes[0]), static_cast<int>(sizes[1]), static_cast<int>(sizes[2]), static_cast<int>(sizes[3])},
       0.f};

@@ -44,21 +44,7 @@ LinearCaseShape parse_linear_shape(const std::string& text) {
       "unsupported shape '" + text + "': expected MxNxK[:bias|:bias_gelu][:padded], e.g. 8192x3072x768:bias_gelu";
   LinearCaseShape out;
   const size_t colon = text.find(':');
-  const std::string sizes = text.substr(0, colon);
-  long values[3] = {0, 0, 0};
-  size_t at = 0;
-  for (int i = 0; i < 3; ++i) {
-    const size_t end = i < 2 ? sizes.find('x', at) : sizes.size();
-    if (end == std::string::npos || end == at) throw std::invalid_argument(usage);
-    size_t used = 0;
-    try {
-      values[i] = std::stol(sizes.substr(at, end - at), &used);
-    } catch (const std::exception&) {
-      throw std::invalid_argument(usage);
-    }
-    if (used != end - at || values[i] <= 0 || values[i] > (1L << 30)) throw std::invalid_argument(usage);
-    at = end + 1;
-  }
+  const std::vector<long> values = parse_sizes(text.substr(0, colon), 3, 1L << 30, usage);
   out.shape = {static_cast<int>(values[0]), static_cast<int>(values[1]), static_cast<int>(values[2]), false};
   std::string rest = colon == std::string::npos ? "" : text.substr(colon + 1);
   bool epilogue_seen = false;

@@ -72,21 +72,31 @@ int rotation_sets(size_t bytes_per_set) {
   return static_cast<int>(std::max<size_t>(2, needed));
 }
 
-Shape2 parse_shape2(const std::string& text) {
-  const size_t x = text.find('x');
-  try {
-    if (x != std::string::npos) {
-      size_t used_rows = 0, used_columns = 0;
-      const long rows = std::stol(text.substr(0, x), &used_rows);
-      const long columns = std::stol(text.substr(x + 1), &used_columns);
-      if (used_rows == x && used_columns == text.size() - x - 1 && rows > 0 && columns > 0 && rows <= (1L << 30) &&
-          columns <= (1L << 30)) {
-        return {static_cast<int>(rows), static_cast<int>(columns)};
-      }
+std::vector<long> parse_sizes(const std::string& text, int count, long limit, const std::string& usage) {
+  std::vector<long> sizes(count);
+  size_t at = 0;
+  for (int i = 0; i < count; ++i) {
+    const size_t end = i + 1 < count ? text.find('x', at) : text.size();
+    if (end == std::string::npos || end <= at) throw std::invalid_argument(usage);
+    // Digits only: std::stol alone would take a sign or leading blanks.
+    for (size_t c = at; c < end; ++c) {
+      if (text[c] < '0' || text[c] > '9') throw std::invalid_argument(usage);
     }
-  } catch (const std::exception&) {
+    try {
+      sizes[i] = std::stol(text.substr(at, end - at));
+    } catch (const std::exception&) {  // out of range
+      throw std::invalid_argument(usage);
+    }
+    if (sizes[i] <= 0 || sizes[i] > limit) throw std::invalid_argument(usage);
+    at = end + 1;
   }
-  throw std::invalid_argument("unsupported shape '" + text + "': expected ROWSxCOLUMNS, e.g. 8192x768");
+  return sizes;
+}
+
+Shape2 parse_shape2(const std::string& text) {
+  const std::vector<long> sizes =
+      parse_sizes(text, 2, 1L << 30, "unsupported shape '" + text + "': expected ROWSxCOLUMNS, e.g. 8192x768");
+  return {static_cast<int>(sizes[0]), static_cast<int>(sizes[1])};
 }
 
 kernels::DType parse_dtype(const std::string& text) {

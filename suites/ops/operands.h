@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/dtype.h"
 
@@ -40,6 +41,10 @@ void fill_random(void* data, size_t count, kernels::DType dtype, uint64_t seed, 
 
 // Sets of `bytes_per_set` each, at least 2, together more than twice the L2 size.
 int rotation_sets(size_t bytes_per_set);
+
+// The `count` sizes of "AxBx..." (a shape's text before any ":option"): positive integers of at
+// most `limit`, separated by single 'x's; anything else throws std::invalid_argument(usage).
+std::vector<long> parse_sizes(const std::string& text, int count, long limit, const std::string& usage);
 
 // "8192x768" -> {8192, 768}; throws std::invalid_argument on anything else.
 struct Shape2 {

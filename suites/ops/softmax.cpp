@@ -47,20 +47,7 @@ SoftmaxCaseShape parse_softmax_shape(const std::string& text) {
       "': expected BxHxSQxSK:MASK with MASK none|padding|causal|bias[W], e.g. 64x12x128x128:padding";
   const size_t colon = text.find(':');
   if (colon == std::string::npos) throw std::invalid_argument(usage);
-  long sizes[4];
-  size_t at = 0;
-  for (int i = 0; i < 4; ++i) {
-    const size_t end = i < 3 ? text.find('x', at) : colon;
-    if (end == std::string::npos || end > colon || end == at) throw std::invalid_argument(usage);
-    size_t used = 0;
-    try {
-      sizes[i] = std::stol(text.substr(at, end - at), &used);
-    } catch (const std::exception&) {
-      throw std::invalid_argument(usage);
-    }
-    if (used != end - at || sizes[i] <= 0 || sizes[i] > (1L << 30)) throw std::invalid_argument(usage);
-    at = end + 1;
-  }
+  const std::vector<long> sizes = parse_sizes(text.substr(0, colon), 4, 1L << 30, usage);
   SoftmaxCaseShape out{
       {static_cast<int>(sizes[0]), static_cast<int>(sizes[1]), static_cast<int>(sizes[2]), static_cast<int>(sizes[3])},
       kernels::SoftmaxMask::none,

@@ -74,6 +74,14 @@ expect 1 "corrupt" -- "$FUSEKIT" bench --db "$work/corrupt.db"
 expect 2 "unknown operator" -- "$FUSEKIT" bench --db "$work/b.db" --op softmaxx --shape 8x8 --dtype fp16
 expect 2 "unsupported shape" -- "$FUSEKIT" bench --db "$work/b.db" --op layernorm --shape 8by8 --dtype fp16
 expect 2 "unsupported dtype" -- "$FUSEKIT" bench --db "$work/b.db" --op layernorm --shape 8x8 --dtype fp8
+# Every shape syntax rejects a wrong count of sizes, signs, blanks and zeros with one clear line.
+expect 2 "unsupported shape '\+8x8'" -- "$FUSEKIT" bench --db "$work/b.db" --op layernorm --shape +8x8 --dtype fp16
+expect 2 "unsupported shape '8x8x8'" -- "$FUSEKIT" bench --db "$work/b.db" --op bias_gelu --shape 8x8x8 --dtype fp16
+expect 2 "unsupported shape '64x12x128:p0.1'" -- "$FUSEKIT" bench --db "$work/b.db" --op bert_attention --shape 64x12x128:p0.1 --dtype fp16
+expect 2 "unsupported shape '8x3x49x 32'" -- "$FUSEKIT" bench --db "$work/b.db" --op window_attention --shape "8x3x49x 32" --dtype fp16
+expect 2 "unsupported shape '8x0x8:bias'" -- "$FUSEKIT" bench --db "$work/b.db" --op linear --shape 8x0x8:bias --dtype fp16
+expect 2 "unsupported shape '8x8x8x8'" -- "$FUSEKIT" bench --db "$work/b.db" --op softmax --shape 8x8x8x8 --dtype fp16
+expect 2 "unsupported shape '8xx8x8x8:none'" -- "$FUSEKIT" bench --db "$work/b.db" --op softmax --shape 8xx8x8x8:none --dtype fp16
 expect 2 "needs --shape" -- "$FUSEKIT" bench --db "$work/b.db" --op layernorm
 expect 2 "unknown operator 'softmaxx' in --ops" -- "$FUSEKIT" bench --db "$work/b.db" --suite ops --ops layernorm,softmaxx
 expect 2 "selects operators of --suite ops or attention" -- "$FUSEKIT" bench --db "$work/b.db" --ops layernorm
