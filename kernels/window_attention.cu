@@ -587,11 +587,11 @@ __device__ __forceinline__ void multiply_transposed(float (&acc)[TILES][4], cons
 #pragma unroll
   for (int kc = 0; kc < C::kDimSteps; ++kc) {
     uint32_t frag[4];
-    load_matrices(frag, a_lane + 16 * kc);
+    load_matrix_x4(frag, shared_address(a_lane + 16 * kc));
 #pragma unroll
     for (int jp = 0; jp < TILES / 2; ++jp) {
       uint32_t pair[4];
-      load_matrices(pair, b_lane + 16 * jp * C::kLd + 16 * kc);
+      load_matrix_x4(pair, shared_address(b_lane + 16 * jp * C::kLd + 16 * kc));
       mma_16816<T>(acc[2 * jp], frag, pair[0], pair[1]);
       mma_16816<T>(acc[2 * jp + 1], frag, pair[2], pair[3]);
     }
@@ -609,7 +609,7 @@ __device__ __forceinline__ void fragment_times_rows(float (&acc)[D / 8][4], cons
 #pragma unroll
   for (int np = 0; np < C::kDimSteps; ++np) {
     uint32_t pair[4];
-    load_matrices_transposed(pair, y_lane + 16 * np);
+    load_matrix_x4_transposed(pair, shared_address(y_lane + 16 * np));
     mma_16816<T>(acc[2 * np], a, pair[0], pair[1]);
     mma_16816<T>(acc[2 * np + 1], a, pair[2], pair[3]);
   }
@@ -873,7 +873,7 @@ __global__ void __launch_bounds__(LargeWindow<T, D>::kThreads, 1)
 #pragma unroll
       for (int kc = 0; kc < C::kSteps; ++kc) {
         uint32_t a[4];
-        load_matrices(a, a_lane + 16 * kc);
+        load_matrix_x4(a, shared_address(a_lane + 16 * kc));
         fragment_times_rows<T, D>(dk, a, q + 16 * kc * C::kLd, lane);
       }
       store_row_fragments<T, C::kDimTiles>(dk, d_rows + heads * D, qkv_stride, row, scale, g, t);
@@ -884,7 +884,7 @@ __global__ void __launch_bounds__(LargeWindow<T, D>::kThreads, 1)
 #pragma unroll
       for (int kc = 0; kc < C::kSteps; ++kc) {
         uint32_t a[4];
-        load_matrices_transposed(a, a_lane + 16 * kc * C::kLdTransposed);
+        load_matrix_x4_transposed(a, shared_address(a_lane + 16 * kc * C::kLdTransposed));
         fragment_times_rows<T, D>(dq, a, key + 16 * kc * C::kLd, lane);
       }
       store_row_fragments<T, C::kDimTiles>(dq, d_rows, qkv_stride, row, scale, g, t);
