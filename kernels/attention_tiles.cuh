@@ -1,5 +1,5 @@
-// Tensor-core tile products shared by the fused attention kernels (window_attention.cu,
-// bert_attention.cu): 16x16x16 nvcuda::wmma fragments with fp32 accumulators, every fragment loaded
+// Tensor-core tile products for the fused attention kernels (bert_attention.cu; window_attention.cu
+// uses only allow_shared): 16x16x16 nvcuda::wmma fragments with fp32 accumulators, every fragment loaded
 // from and stored to shared memory (load_matrix_sync / store_matrix_sync only), so nothing depends
 // on the fragments' register layout:
 //   row_major matrix_a at p, ldm:  A[r][c] = p[r * ldm + c];   col_major: A[r][c] = p[r + c * ldm]

@@ -1,27 +1,33 @@
 // BERT attention forward and backward (see bert_attention.h for the math and the layouts).
 //
-// Design: every kernel runs 128 threads (4 warps) per block over tiles of 64 rows; warp w owns rows
-// 16w .. 16w + 15 of the block's own tile (queries in the forward and dQ kernels, keys in the dK/dV
-// kernel), so after the block has loaded the shared tiles of a step, a warp's scores, softmax and
-// accumulator updates touch only its own rows and need __syncwarp, not __syncthreads. Tiles of T
-// are [64][head_dim + 8] (rows past the end zero), scores float [64][72], probabilities T [64][72],
-// the float accumulators (O, dQ, dK, dV) [64][head_dim + 8] in shared memory: a wmma accumulator
-// is loaded, advanced by one tile product and stored back (kernels/attention_tiles.cuh).
+// Design (FlashAttention-2 on mma.sync, kernels/mma_fragments.cuh): every kernel runs 128 threads
+// (4 warps) per block over tiles of 64 rows, warp w owning rows 16w .. 16w + 15 of the block's own
+// tile (queries in the forward and dQ kernels, keys in the dK/dV kernel). Scores, probabilities,
+// their gradients and every accumulator (O, dQ, dK, dV) stay in mma fragments: lane 4g + t holds
+// rows g and g + 8 of its warp's 16 at columns 8n + 2t, 2t + 1 of each 8-column tile n, and a
+// product's scores become the next product's left operand without leaving registers. Shared
+// memory holds only the tiles of T ([64][head_dim + 8], rows past the end zero, so ldmatrix reads
+// them without bank conflicts); the tiles a kernel walks are double-buffered with cp.async, the
+// next tile's copies in flight while the current one is computed.
 //
 // Forward (a block per (sequence, head, 64 queries)): for each key tile up to the valid length,
-// S = Q K^T; per row, 16 lanes hold 4 consecutive keys each: the running max m and sum l (float,
-// in shared memory) are updated, O's row is scaled by exp(m_old - m_new), P = exp(S - m_new) goes
-// through the dropout mask (4 consecutive elements of the Philox stream per lane: one or two
-// Philox calls, DropoutStream::kept_bits4) into P's tile as T, and O += P V. O / l and m + log l
-// are written once at the end.
+// S = Q K^T in the log2 domain, the running max and sum per row updated over the 4 lanes of a quad,
+// O scaled by exp2(m_old - m_new), P = exp2(S - m_new) through the dropout mask and O += P V. O / l
+// and the lse are written once at the end.
 //
 // Backward, two kernels and no atomics (deterministic): bert_attention_query_kernel per (sequence,
 // head, 64 queries) computes D = rowsum(dO * O) (into the workspace) and walks the key tiles for
 // dQ; bert_attention_key_kernel per (sequence, head, 64 keys) walks the query tiles for dK and dV,
-// computing S^T = K Q^T and dP^T = V dO^T directly (lanes then hold 4 consecutive keys of one
-// query, again 4 consecutive elements of the stream). Both recompute P = exp(scale S - lse).
-#include <mma.h>
-
+// computing S^T = K Q^T and dP^T = V dO^T directly, so P^T and dS^T are left operands in registers
+// too. Both recompute P = exp2(S - lse).
+//
+// Dropout: element (i, j) of the Philox stream is ((b * heads + h) * seq + i) * seq + j. A Philox
+// call gives 4 consecutive elements (DropoutStream::kept_bits4: one or two calls for any first
+// element), so the lanes of a quad split a row's (or a key column's) groups of 4 between them and
+// exchange the flags with shuffles: each element's word is drawn once per kernel.
+//
+// Build with -DFUSEKIT_BERT_PAIR_LOADS to read the fragments with plain 32-bit and 16-bit shared
+// loads (the pattern of window_attention.cu) instead of ldmatrix, to isolate a fragment-layout bug.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -30,239 +36,432 @@
 #include "kernels/attention_tiles.cuh"
 #include "kernels/bert_attention.h"
 #include "kernels/common.cuh"
+#include "kernels/mma_fragments.cuh"
 #include "kernels/philox.cuh"
 
 namespace fusekit::kernels {
 namespace {
 
-using namespace nvcuda;
-
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kTile = 64;  // queries or keys per tile
-// 4 warps of 16 rows each. The kernels declare __launch_bounds__(kThreads, 1): with the bare form,
-// ptxas capped some backward instantiations near 64 registers and spilled.
-constexpr int kThreads = 128;
-constexpr int kLdScores = kTile + 8;  // floats per row of S, dP (and their transposes)
-constexpr int kLdProbs = kTile + 8;   // T per row of P, dS
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kTile = 64;             // queries or keys per tile
+constexpr int kThreads = 128;         // 4 warps of 16 rows each
+constexpr int kKeyTiles = kTile / 8;  // 8-column tiles of a 16 x 64 block of scores
 constexpr int kMaxHeads = 1024;
 constexpr int kMaxSeq = 65536;
 
-// Shared-memory layout of a (T, head dim) instantiation. Every region is a multiple of 32 bytes, so
-// every region and every 16-row or 16-column tile in it is 32-byte aligned, as wmma requires.
 template <class T, int D>
 struct Config {
-  static constexpr int kLdTile = D + 8;  // T per row of Q, K, V, dO
-  static constexpr int kLdAcc = D + 8;   // floats per row of O, dQ, dK, dV
-  static constexpr int kDimTiles = D / 16;
-  static constexpr size_t kTileBytes = sizeof(T) * kTile * kLdTile;
-  static constexpr size_t kScoresBytes = sizeof(float) * kTile * kLdScores;
-  static constexpr size_t kProbsBytes = sizeof(T) * kTile * kLdProbs;
-  static constexpr size_t kAccBytes = sizeof(float) * kTile * kLdAcc;
+  static constexpr int kLd = D + 8;  // T per tile row: 16-byte rows 4 banks apart
+  static constexpr int kTileElements = kTile * kLd;
+  static constexpr size_t kTileBytes = sizeof(T) * kTileElements;
+  static constexpr int kDimTiles = D / 8;   // 8-column tiles of O, dQ, dK, dV
+  static constexpr int kDimSteps = D / 16;  // 16-wide k steps of Q K^T, dO V^T
   static constexpr size_t kRowBytes = sizeof(float) * kTile;
-  // Forward: Q, K, V, S, P, O, running max and sum per row.
-  static constexpr size_t kForwardBytes = 3 * kTileBytes + kScoresBytes + kProbsBytes + kAccBytes + 2 * kRowBytes;
-  // dQ kernel: Q, K, V, dO, S, dP, dS, dQ, lse and D per query.
-  static constexpr size_t kQueryBytes = 4 * kTileBytes + 2 * kScoresBytes + kProbsBytes + kAccBytes + 2 * kRowBytes;
-  // dK/dV kernel: K, V, Q, dO, S^T, dP^T, P^T, dS^T, dK, dV, lse and D per query.
-  static constexpr size_t kKeyBytes =
-      4 * kTileBytes + 2 * kScoresBytes + 2 * kProbsBytes + 2 * kAccBytes + 2 * kRowBytes;
-  static_assert(D % 16 == 0 && kTileBytes % 32 == 0 && kProbsBytes % 32 == 0, "layout");
+  // Forward: Q, then two stages of (K, V).
+  static constexpr size_t kForwardBytes = 5 * kTileBytes;
+  // dQ kernel: Q, dO, two stages of (K, V), lse and D per query.
+  static constexpr size_t kQueryBytes = 6 * kTileBytes + 2 * kRowBytes;
+  // dK/dV kernel: K, V, two stages of (Q, dO), two stages of lse and D per query.
+  static constexpr size_t kKeyBytes = 6 * kTileBytes + 4 * kRowBytes;
+  // Q's fragments stay in registers through the forward's key loop where they fit.
+  static constexpr bool kQueryInRegisters = D <= 64;
+  static constexpr int kForwardBlocksPerSm = D == 128 ? 2 : 3;
+  static constexpr int kBackwardBlocksPerSm = 2;
+  // 8-query tiles of S^T and dP^T the dK/dV kernel holds at once: at D = 128, its dK and dV
+  // accumulators take 128 registers, and half a query tile keeps it from spilling.
+  static constexpr int kColumns = D == 128 ? 4 : 8;
+  static_assert(D % 16 == 0 && kTileBytes % 128 == 0, "layout");
   static_assert(kTile * (D / 8) % kThreads == 0, "whole passes of the row-dot loop");
-  static_assert(kKeyBytes <= 227 * 1024 && kQueryBytes <= 227 * 1024 && kForwardBytes <= 227 * 1024,
-                "shared memory of one block on sm_90");
+  static_assert(kKeyBytes <= 227 * 1024 && kQueryBytes <= 227 * 1024, "shared memory of one block on sm_90");
 };
 
 // ---- CUDA kernels
 
 // Rows [0, count) of a [count, D] matrix whose rows lie `stride` elements apart in global memory,
-// into a tile of kTile rows of kLdTile; rows from count on are zero. 16-byte accesses.
+// into a tile of kTile rows (cp.async, 16 bytes a copy); rows from count on are zeroed with plain
+// stores. The caller commits the group.
 template <class T, int D>
-__device__ __forceinline__ void load_rows(T* tile, const T* __restrict__ source, size_t stride, int count) {
+__device__ __forceinline__ void copy_rows_async(T* tile, const T* __restrict__ source, size_t stride, int count) {
   constexpr int kVecs = D / 8;
   for (int e = threadIdx.x; e < kTile * kVecs; e += kThreads) {
     const int r = e / kVecs, c = e % kVecs * 8;
-    int4 value = make_int4(0, 0, 0, 0);
-    if (r < count) value = __ldg(reinterpret_cast<const int4*>(source + r * stride + c));
-    *reinterpret_cast<int4*>(tile + r * Config<T, D>::kLdTile + c) = value;
+    T* to = tile + r * Config<T, D>::kLd + c;
+    if (r < count)
+      copy_async16(to, source + r * stride + c);
+    else
+      *reinterpret_cast<int4*>(to) = make_int4(0, 0, 0, 0);
   }
 }
 
-// Zeroes a float accumulator tile [kTile][kLdAcc].
-template <class T, int D>
-__device__ __forceinline__ void zero_accumulator(float* acc) {
-  for (int e = threadIdx.x; e < kTile * Config<T, D>::kLdAcc; e += kThreads) acc[e] = 0.f;
+// The fragment loaders take shared addresses: a tile's address plus a per-lane byte offset
+// (Fragments::*_lane) plus the block's offset, a constant in the unrolled loops, so ptxas folds it
+// into the instruction and keeps no address per block in registers.
+#ifdef FUSEKIT_BERT_PAIR_LOADS
+__device__ __forceinline__ uint32_t load_shared32(uint32_t address) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(address));
+  return v;
 }
 
-// The warp's 16 rows of `scores` (row 16 warp ..) = A B^T over the 4 column tiles: A's rows from
-// `a` (row 16 warp on), B's 64 rows from `b`, both [kTile][kLdTile] tiles of T.
+__device__ __forceinline__ uint32_t load_shared16(uint32_t address) {
+  unsigned short v;
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(address));
+  return v;
+}
+#endif
+
 template <class T, int D>
-__device__ __forceinline__ void warp_scores(const T* a, const T* b, float* scores, int warp) {
-  using C = Config<T, D>;
-  for (int tj = 0; tj < kTile / 16; ++tj) {
-    Accumulator acc;
-    // B^T: B's rows tj read col_major.
-    multiply_tiles<T, wmma::row_major, wmma::col_major>(acc, a + warp * 16 * C::kLdTile, C::kLdTile, 16,
-                                                        b + tj * 16 * C::kLdTile, C::kLdTile, 16, C::kDimTiles);
-    wmma::store_matrix_sync(scores + warp * 16 * kLdScores + tj * 16, acc, kLdScores, wmma::mem_row_major);
+struct Fragments {
+  static constexpr int kRowBytes = sizeof(T) * Config<T, D>::kLd;
+  static_assert(sizeof(T) == 2, "16-bit elements");
+#ifdef FUSEKIT_BERT_PAIR_LOADS
+  static __device__ __forceinline__ uint32_t a_lane(int lane) { return lane / 4 * kRowBytes + 4 * (lane % 4); }
+  static __device__ __forceinline__ uint32_t b_rows_lane(int lane) { return a_lane(lane); }
+  static __device__ __forceinline__ uint32_t b_columns_lane(int lane) {
+    return 2 * (lane % 4) * kRowBytes + 2 * (lane / 4);
   }
-}
-
-// The warp's 16 rows of the accumulator `acc` (float [kTile][kLdAcc]) += A B, A the warp's 16 rows
-// of a [kTile][kLdProbs] tile of T (64 columns), B a [kTile][kLdTile] tile of T (64 rows, D columns).
-template <class T, int D>
-__device__ __forceinline__ void warp_accumulate(float* acc, const T* a, const T* b, int warp) {
-  using C = Config<T, D>;
-  for (int tn = 0; tn < C::kDimTiles; ++tn) {
-    float* c = acc + warp * 16 * C::kLdAcc + tn * 16;
-    Accumulator fragment;
-    wmma::load_matrix_sync(fragment, c, C::kLdAcc, wmma::mem_row_major);
-    multiply_add_tiles<T, wmma::row_major, wmma::row_major>(fragment, a + warp * 16 * kLdProbs, kLdProbs, 16,
-                                                            b + tn * 16, C::kLdTile, 16 * C::kLdTile, kTile / 16);
-    wmma::store_matrix_sync(c, fragment, C::kLdAcc, wmma::mem_row_major);
+  // A fragment of a row-major 16 x 16 block.
+  static __device__ __forceinline__ void load_a(uint32_t (&a)[4], uint32_t address) {
+    a[0] = load_shared32(address);
+    a[1] = load_shared32(address + 8 * kRowBytes);
+    a[2] = load_shared32(address + 16);
+    a[3] = load_shared32(address + 8 * kRowBytes + 16);
   }
-}
-
-// Writes the warp's 16 rows of the accumulator, times factor (per row: row_factor[r] if given, else
-// 1) times `factor`, to rows first_row + r < rows of `destination` (rows `stride` elements apart).
-template <class T, int D>
-__device__ __forceinline__ void warp_store_rows(const float* acc, const float* row_factor, float factor, T* destination,
-                                                size_t stride, int first_row, int rows, int warp) {
-  using C = Config<T, D>;
-  constexpr int kVecs = D / 8;
-  const int lane = threadIdx.x % kWarpSize;
-  for (int e = lane; e < 16 * kVecs; e += kWarpSize) {
-    const int r = warp * 16 + e / kVecs, c = e % kVecs * 8;
-    if (first_row + r >= rows) continue;
-    const float f = row_factor ? factor * row_factor[r] : factor;
-    Vec<T, 8> out;
+  // B fragments of B = X^T for the 16 x 16 block of X stored [n][k]: b[0], b[1] for n rows 0..7,
+  // b[2], b[3] for n rows 8..15.
+  static __device__ __forceinline__ void load_b_rows(uint32_t (&b)[4], uint32_t address) {
+    b[0] = load_shared32(address);
+    b[1] = load_shared32(address + 16);
+    b[2] = load_shared32(address + 8 * kRowBytes);
+    b[3] = load_shared32(address + 8 * kRowBytes + 16);
+  }
+  // B fragments of the 16 x 16 block of Y stored [k][n]: b[0], b[1] for n columns 0..7, b[2], b[3]
+  // for n columns 8..15.
+  static __device__ __forceinline__ void load_b_columns(uint32_t (&b)[4], uint32_t address) {
 #pragma unroll
-    for (int x = 0; x < 8; ++x) out.v[x] = from_float<T>(f * acc[r * C::kLdAcc + c + x]);
-    out.store(destination + (first_row + r) * stride + c);
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t at = address + (i & 1) * 8 * kRowBytes + (i >> 1) * 16;
+      b[i] = load_shared16(at) | load_shared16(at + kRowBytes) << 16;
+    }
+  }
+#else
+  // ldmatrix: lane L addresses row L % 8 of matrix L / 8 (mma_fragments.cuh).
+  static __device__ __forceinline__ uint32_t a_lane(int lane) {
+    return lane % 16 * kRowBytes + lane / 16 * 16;  // matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15)
+  }
+  static __device__ __forceinline__ uint32_t b_rows_lane(int lane) {
+    return (lane % 8 + lane / 16 * 8) * kRowBytes + (lane / 8 & 1) * 16;  // (n 0-7 | 8-15) x (k 0-7 | 8-15)
+  }
+  static __device__ __forceinline__ uint32_t b_columns_lane(int lane) {
+    return lane % 16 * kRowBytes + lane / 16 * 16;  // (n 0-7 | 8-15) x (k 0-7 | 8-15), transposed
+  }
+  static __device__ __forceinline__ void load_a(uint32_t (&a)[4], uint32_t address) { load_matrix_x4(a, address); }
+  static __device__ __forceinline__ void load_b_rows(uint32_t (&b)[4], uint32_t address) { load_matrix_x4(b, address); }
+  static __device__ __forceinline__ void load_b_columns(uint32_t (&b)[4], uint32_t address) {
+    load_matrix_x4_transposed(b, address);
+  }
+#endif
+};
+
+// Q's A fragments of the warp's 16 rows from `row` of a tile, all D columns.
+template <class T, int D>
+__device__ __forceinline__ void load_row_fragments(uint32_t (&a)[D / 16][4], const T* tile, int row, int lane) {
+  using F = Fragments<T, D>;
+  const uint32_t base = shared_address(tile) + F::a_lane(lane) + row * F::kRowBytes;
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc) F::load_a(a[kc], base + 32 * kc);
+}
+
+// s[n] = A X^T for rows 8n .. 8n + 7 of x (keys, or queries), n < N: A the warp's 16 rows from
+// `row` of tile a.
+template <class T, int D, int N = kKeyTiles>
+__device__ __forceinline__ void tile_scores(float (&s)[N][4], const T* a, int row, const T* x, int lane) {
+  using F = Fragments<T, D>;
+  const uint32_t a_base = shared_address(a) + F::a_lane(lane) + row * F::kRowBytes;
+  const uint32_t x_base = shared_address(x) + F::b_rows_lane(lane);
+#pragma unroll
+  for (int n = 0; n < N; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc) {
+    uint32_t frag[4];
+    F::load_a(frag, a_base + 32 * kc);
+#pragma unroll
+    for (int n = 0; n < N; n += 2) {
+      uint32_t b[4];
+      F::load_b_rows(b, x_base + 8 * n * F::kRowBytes + 32 * kc);
+      mma_16816<T>(s[n], frag, b[0], b[1]);
+      mma_16816<T>(s[n + 1], frag, b[2], b[3]);
+    }
+  }
+}
+
+// As tile_scores, A from fragments already in registers.
+template <class T, int D>
+__device__ __forceinline__ void fragment_scores(float (&s)[kKeyTiles][4], const uint32_t (&a)[D / 16][4], const T* x,
+                                                int lane) {
+  using F = Fragments<T, D>;
+  const uint32_t x_base = shared_address(x) + F::b_rows_lane(lane);
+#pragma unroll
+  for (int n = 0; n < kKeyTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc) {
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; n += 2) {
+      uint32_t b[4];
+      F::load_b_rows(b, x_base + 8 * n * F::kRowBytes + 32 * kc);
+      mma_16816<T>(s[n], a[kc], b[0], b[1]);
+      mma_16816<T>(s[n + 1], a[kc], b[2], b[3]);
+    }
+  }
+}
+
+// acc[n] += X Y: X the warp's 16 x 8N block in accumulator layout (x[j]: columns 8j .. 8j + 7),
+// rounded to T as the A fragments of N / 2 16-wide k steps; Y rows 0 .. 8N - 1 of y (k = row).
+template <class T, int D, int N = kKeyTiles>
+__device__ __forceinline__ void fragments_times_tile(float (&acc)[D / 8][4], const float (&x)[N][4], const T* y,
+                                                     int lane) {
+  using F = Fragments<T, D>;
+  const uint32_t y_base = shared_address(y) + F::b_columns_lane(lane);
+#pragma unroll
+  for (int kc = 0; kc < N / 2; ++kc) {
+    const uint32_t frag[4] = {pack_pair<T>(x[2 * kc][0], x[2 * kc][1]), pack_pair<T>(x[2 * kc][2], x[2 * kc][3]),
+                              pack_pair<T>(x[2 * kc + 1][0], x[2 * kc + 1][1]),
+                              pack_pair<T>(x[2 * kc + 1][2], x[2 * kc + 1][3])};
+#pragma unroll
+    for (int n = 0; n < D / 8; n += 2) {
+      uint32_t b[4];
+      F::load_b_columns(b, y_base + 16 * kc * F::kRowBytes + 16 * n);
+      mma_16816<T>(acc[n], frag, b[0], b[1]);
+      mma_16816<T>(acc[n + 1], frag, b[2], b[3]);
+    }
+  }
+}
+
+// Writes acc (the warp's rows first_row + g and + 8 of a matrix, times factor0 and factor1) to rows
+// `stride` elements apart; rows >= rows are not written.
+template <class T, int D>
+__device__ __forceinline__ void store_fragments(const float (&acc)[D / 8][4], T* destination, size_t stride,
+                                                int first_row, int rows, float factor0, float factor1, int lane) {
+  const int r0 = first_row + lane / 4, r1 = r0 + 8, t = lane % 4;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    const int col = 8 * n + 2 * t;
+    if (r0 < rows)
+      *reinterpret_cast<uint32_t*>(destination + r0 * stride + col) =
+          pack_pair<T>(factor0 * acc[n][0], factor0 * acc[n][1]);
+    if (r1 < rows)
+      *reinterpret_cast<uint32_t*>(destination + r1 * stride + col) =
+          pack_pair<T>(factor1 * acc[n][2], factor1 * acc[n][3]);
+  }
+}
+
+// Dropout flags of a thread's 16 x 64 block of (query row, key column) fragments. element0 and
+// element1: stream indices of key 0 of the tile in rows g and g + 8. Lane 4g + t draws the 4 keys
+// 8n + 4 (t / 2) .. + 3 of row g (t even) or g + 8 (t odd) for each n, as bits 4n .. 4n + 3; the
+// quad's lanes swap them. Returns in row0 / row1 the flags of rows g / g + 8: bit 4n + x is key
+// 8n + 2t + x (x = 0, 1).
+__device__ __forceinline__ void row_dropout_bits(const DropoutStream& dropout, uint64_t element0, uint64_t element1,
+                                                 int lane, uint32_t& row0, uint32_t& row1) {
+  const int t = lane % 4;
+  const uint64_t first = (t & 1 ? element1 : element0) + 4 * (t >> 1);
+  uint32_t drawn = 0;
+#pragma unroll 2
+  for (int n = 0; n < kKeyTiles; ++n)
+    drawn |= dropout_kept_bits4(dropout.seed, dropout.offset, first + 8 * n, dropout.threshold) << (4 * n);
+  const int quad = lane & ~3;
+  row0 = __shfl_sync(0xffffffffu, drawn, quad | (t & 2)) >> (2 * (t & 1));
+  row1 = __shfl_sync(0xffffffffu, drawn, quad | (t & 2) | 1) >> (2 * (t & 1));
+}
+
+// Dropout flags of a thread's 16 x 64 block of (key row, query column) fragments in the dK/dV
+// kernel. element: stream index of (query 2t + (g & 1) of the tile, key 4 (g / 2) of the warp's 16).
+// Lane 4g + t draws keys 4 (g / 2) .. + 3 of query 8n + 2t + (g & 1) for each n (bits 4n .. 4n + 3);
+// the lanes of the same t swap them. kept[e] bit 4n: the flag of fragment element e of tile n (keys
+// g, g, g + 8, g + 8; queries 8n + 2t, + 1, 8n + 2t, + 1).
+__device__ __forceinline__ void column_dropout_bits(const DropoutStream& dropout, uint64_t element, uint64_t seq,
+                                                    int lane, uint32_t (&kept)[4]) {
+  const int g = lane / 4, t = lane % 4;
+  uint32_t drawn = 0;
+#pragma unroll 2
+  for (int n = 0; n < kKeyTiles; ++n)
+    drawn |= dropout_kept_bits4(dropout.seed, dropout.offset, element + 8 * n * seq, dropout.threshold) << (4 * n);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int block = (e < 2 ? 0 : 2) + g / 4, column = e & 1;  // the drawing lane's g: 2 block + column
+    kept[e] = __shfl_sync(0xffffffffu, drawn, 4 * (2 * block + column) + t) >> (g % 4);
   }
 }
 
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, Config<T, D>::kForwardBlocksPerSm)
     bert_attention_forward_kernel(const T* __restrict__ qkv, const int32_t* __restrict__ valid_lengths,
                                   T* __restrict__ out, float* __restrict__ lse, int heads, int seq, float scale,
                                   DropoutStream dropout) {
   using C = Config<T, D>;
   extern __shared__ __align__(128) unsigned char shared[];
-  T* q = reinterpret_cast<T*>(shared);
-  T* k = reinterpret_cast<T*>(shared + C::kTileBytes);
-  T* v = reinterpret_cast<T*>(shared + 2 * C::kTileBytes);
-  float* scores = reinterpret_cast<float*>(shared + 3 * C::kTileBytes);
-  T* probs = reinterpret_cast<T*>(shared + 3 * C::kTileBytes + C::kScoresBytes);
-  float* acc = reinterpret_cast<float*>(shared + 3 * C::kTileBytes + C::kScoresBytes + C::kProbsBytes);
-  float* row_max = acc + kTile * C::kLdAcc;
-  float* row_sum = row_max + kTile;
+  T* q_tile = reinterpret_cast<T*>(shared);
+  T* stages = q_tile + C::kTileElements;  // [stage][K, V]
 
   const int query_tiles = ceil_div(seq, kTile);
   const int bh = blockIdx.x / query_tiles, first_query = blockIdx.x % query_tiles * kTile;
   const int b = bh / heads, h = bh % heads;
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, t = lane % 4;
+  const int row = 16 * warp, r0 = row + lane / 4;  // the warp's rows and this lane's first row
   const int valid = min(max(valid_lengths[b], 0), seq);
+  const int key_tiles = ceil_div(valid, kTile);
   const size_t qkv_stride = 3 * static_cast<size_t>(heads) * D, out_stride = static_cast<size_t>(heads) * D;
   const T* source = qkv + static_cast<size_t>(b) * seq * qkv_stride + h * D;
+  const float qk_scale = scale * kLog2e;
+  // Stream index of key 0 in rows r0, r0 + 8 (rows past seq draw words nobody uses).
+  const uint64_t element0 = (static_cast<uint64_t>(bh) * seq + first_query + r0) * seq;
+  const uint64_t element1 = element0 + 8 * static_cast<uint64_t>(seq);
 
-  load_rows<T, D>(q, source + first_query * qkv_stride, qkv_stride, min(kTile, seq - first_query));
-  zero_accumulator<T, D>(acc);
-  if (threadIdx.x < kTile) {
-    row_max[threadIdx.x] = -INFINITY;
-    row_sum[threadIdx.x] = 0.f;
-  }
+  auto fetch = [&](int tile, int stage) {
+    const int first_key = tile * kTile, keys = min(kTile, valid - first_key);
+    T* k_tile = stages + 2 * stage * C::kTileElements;
+    copy_rows_async<T, D>(k_tile, source + first_key * qkv_stride + heads * D, qkv_stride, keys);
+    copy_rows_async<T, D>(k_tile + C::kTileElements, source + first_key * qkv_stride + 2 * heads * D, qkv_stride, keys);
+    copy_async_commit();
+  };
 
-  // Softmax lanes: lane g = lane % 16 of row half lane / 16 holds keys 4g .. 4g + 3 of a row.
-  const int g = lane % 16, half = lane / 16;
-  for (int first_key = 0; first_key < valid; first_key += kTile) {
-    const int keys = min(kTile, valid - first_key);  // >= 1: key first_key is valid
-    __syncthreads();                                 // the previous tile's K and V are read
-    load_rows<T, D>(k, source + first_key * qkv_stride + heads * D, qkv_stride, keys);
-    load_rows<T, D>(v, source + first_key * qkv_stride + 2 * heads * D, qkv_stride, keys);
-    __syncthreads();
-    warp_scores<T, D>(q, k, scores, warp);
-    __syncwarp();
+  float o[C::kDimTiles][4] = {};
+  // Running max (log2 domain, the same in the quad's lanes) and this lane's part of the sum, rows r0, r0 + 8.
+  float max0 = -INFINITY, max1 = -INFINITY, sum0 = 0.f, sum1 = 0.f;
+  if (key_tiles > 0) {
+    copy_rows_async<T, D>(q_tile, source + first_query * qkv_stride, qkv_stride, min(kTile, seq - first_query));
+    fetch(0, 0);  // one group with Q
+    uint32_t q_frags[C::kQueryInRegisters ? C::kDimSteps : 1][4];
+    for (int tile = 0; tile < key_tiles; ++tile) {
+      const int stage = tile & 1;
+      // The tile's dropout flags first, while few registers are live (and the copies are in flight).
+      uint32_t kept0 = 0xFFFFFFFFu, kept1 = 0xFFFFFFFFu;
+      if (dropout.dropping) {
+        const uint64_t first_key = static_cast<uint64_t>(tile) * kTile;
+        row_dropout_bits(dropout, element0 + first_key, element1 + first_key, lane, kept0, kept1);
+      }
+      if (tile + 1 < key_tiles) {
+        fetch(tile + 1, stage ^ 1);
+        copy_async_wait<1>();
+      } else {
+        copy_async_wait<0>();
+      }
+      __syncthreads();
+      const T* k_tile = stages + 2 * stage * C::kTileElements;
+      const T* v_tile = k_tile + C::kTileElements;
 
-#pragma unroll 1
-    for (int pass = 0; pass < 8; ++pass) {
-      const int r = warp * 16 + 2 * pass + half;
-      const float4 s = *reinterpret_cast<const float4*>(scores + r * kLdScores + 4 * g);
-      float z[4] = {s.x, s.y, s.z, s.w};
-      float high = -INFINITY;
+      float s[kKeyTiles][4];
+      if constexpr (C::kQueryInRegisters) {
+        if (tile == 0) load_row_fragments<T, D>(q_frags, q_tile, row, lane);
+        fragment_scores<T, D>(s, q_frags, k_tile, lane);
+      } else {
+        tile_scores<T, D>(s, q_tile, row, k_tile, lane);
+      }
+
+      // Online softmax in the log2 domain; keys past the valid length get -inf.
+      const int keys = valid - tile * kTile;  // >= 1: key 0 of the tile is valid
+      float high0 = -INFINITY, high1 = -INFINITY;
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        z[x] = 4 * g + x < keys ? scale * z[x] : -INFINITY;
-        high = fmaxf(high, z[x]);
-      }
-      high = lane_group_max<16>(high);
-      const float old_max = row_max[r];                         // read by every lane before the group's shuffles below
-      const float new_max = fmaxf(old_max, high);               // finite: every tile holds a valid key
-      const float alpha = exp2f((old_max - new_max) * kLog2e);  // 0 on the first tile
-      const uint64_t element = (static_cast<uint64_t>(bh) * seq + first_query + r) * seq + first_key + 4 * g;
-      const uint32_t kept = dropout.kept_bits4(element);
-      float sum = 0.f;
+      for (int n = 0; n < kKeyTiles; ++n) {
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const float p = exp2f((z[x] - new_max) * kLog2e);  // 0 for masked keys
-        sum += p;                                          // the softmax normalises before dropout
-        probs[r * kLdProbs + 4 * g + x] = from_float<T>(p * dropout.multiplier(kept, x));
+        for (int e = 0; e < 4; ++e) {
+          s[n][e] *= qk_scale;
+          if (8 * n + 2 * t + (e & 1) >= keys) s[n][e] = -INFINITY;
+        }
+        high0 = fmaxf(high0, fmaxf(s[n][0], s[n][1]));
+        high1 = fmaxf(high1, fmaxf(s[n][2], s[n][3]));
       }
-      sum = lane_group_sum<16>(sum);
-      if (g == 0) {
-        row_max[r] = new_max;
-        row_sum[r] = row_sum[r] * alpha + sum;
+      high0 = fmaxf(max0, lane_group_max<4>(high0));  // finite: every tile holds a valid key
+      high1 = fmaxf(max1, lane_group_max<4>(high1));
+      const float alpha0 = exp2f(max0 - high0), alpha1 = exp2f(max1 - high1);  // 0 on the first tile
+      max0 = high0;
+      max1 = high1;
+      float part0 = 0.f, part1 = 0.f;
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; ++n) {
+        s[n][0] = exp2f(s[n][0] - high0);
+        s[n][1] = exp2f(s[n][1] - high0);
+        s[n][2] = exp2f(s[n][2] - high1);
+        s[n][3] = exp2f(s[n][3] - high1);
+        part0 += s[n][0] + s[n][1];  // the softmax normalises before dropout
+        part1 += s[n][2] + s[n][3];
       }
-      for (int c = g; c < D; c += 16) acc[r * C::kLdAcc + c] *= alpha;
+      sum0 = sum0 * alpha0 + part0;
+      sum1 = sum1 * alpha1 + part1;
+#pragma unroll
+      for (int n = 0; n < C::kDimTiles; ++n) {
+        o[n][0] *= alpha0;
+        o[n][1] *= alpha0;
+        o[n][2] *= alpha1;
+        o[n][3] *= alpha1;
+      }
+      if (dropout.dropping) {
+#pragma unroll
+        for (int n = 0; n < kKeyTiles; ++n) {
+          s[n][0] *= dropout.multiplier(kept0, 4 * n);
+          s[n][1] *= dropout.multiplier(kept0, 4 * n + 1);
+          s[n][2] *= dropout.multiplier(kept1, 4 * n);
+          s[n][3] *= dropout.multiplier(kept1, 4 * n + 1);
+        }
+      }
+      fragments_times_tile<T, D>(o, s, v_tile, lane);  // O += (P * M) V
+      __syncthreads();                                 // the stage is refilled with tile + 2
     }
-    __syncwarp();
-    warp_accumulate<T, D>(acc, probs, v, warp);  // O += P V
   }
-  __syncthreads();  // row statistics and accumulators of every warp are final (also for valid == 0)
 
-  // out = O / l; lse = m + log l. With no valid key (l = 0): out 0, lse 0.
-  float* inverse = scores;  // S is no longer needed: its first row holds 1 / l per row
-  if (threadIdx.x < kTile) {
-    const int r = threadIdx.x, i = first_query + r;
-    const float l = row_sum[r];
-    inverse[r] = l > 0.f ? 1.f / l : 0.f;
-    if (i < seq) lse[static_cast<size_t>(bh) * seq + i] = l > 0.f ? row_max[r] + logf(l) : 0.f;
+  // out = O / l; lse = m + log l (natural log). With no valid key (l = 0): out 0, lse 0.
+  sum0 = lane_group_sum<4>(sum0);
+  sum1 = lane_group_sum<4>(sum1);
+  store_fragments<T, D>(o, out + static_cast<size_t>(b) * seq * out_stride + h * D, out_stride, first_query + row, seq,
+                        sum0 > 0.f ? 1.f / sum0 : 0.f, sum1 > 0.f ? 1.f / sum1 : 0.f, lane);
+  if (t == 0) {
+    float* lse_rows = lse + static_cast<size_t>(bh) * seq + first_query;
+    if (first_query + r0 < seq) lse_rows[r0] = sum0 > 0.f ? (max0 + log2f(sum0)) * kLn2 : 0.f;
+    if (first_query + r0 + 8 < seq) lse_rows[r0 + 8] = sum1 > 0.f ? (max1 + log2f(sum1)) * kLn2 : 0.f;
   }
-  __syncthreads();
-  warp_store_rows<T, D>(acc, inverse, 1.f, out + static_cast<size_t>(b) * seq * out_stride + h * D, out_stride,
-                        first_query, seq, warp);
 }
 
 // D and dQ: a block per (sequence, head, 64 queries).
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, Config<T, D>::kBackwardBlocksPerSm)
     bert_attention_query_kernel(const T* __restrict__ qkv, const int32_t* __restrict__ valid_lengths,
                                 const T* __restrict__ out, const float* __restrict__ lse, const T* __restrict__ dout,
                                 T* __restrict__ dqkv, float* __restrict__ row_dots, int heads, int seq, float scale,
                                 DropoutStream dropout) {
   using C = Config<T, D>;
   extern __shared__ __align__(128) unsigned char shared[];
-  T* q = reinterpret_cast<T*>(shared);
-  T* k = reinterpret_cast<T*>(shared + C::kTileBytes);
-  T* v = reinterpret_cast<T*>(shared + 2 * C::kTileBytes);
-  T* dout_tile = reinterpret_cast<T*>(shared + 3 * C::kTileBytes);
-  float* scores = reinterpret_cast<float*>(shared + 4 * C::kTileBytes);
-  float* dprobs = reinterpret_cast<float*>(shared + 4 * C::kTileBytes + C::kScoresBytes);
-  T* dscores = reinterpret_cast<T*>(shared + 4 * C::kTileBytes + 2 * C::kScoresBytes);
-  float* acc = reinterpret_cast<float*>(shared + 4 * C::kTileBytes + 2 * C::kScoresBytes + C::kProbsBytes);
-  float* row_lse = acc + kTile * C::kLdAcc;
+  T* q_tile = reinterpret_cast<T*>(shared);
+  T* dout_tile = q_tile + C::kTileElements;
+  T* stages = dout_tile + C::kTileElements;  // [stage][K, V]
+  float* row_lse = reinterpret_cast<float*>(stages + 4 * C::kTileElements);
   float* row_d = row_lse + kTile;
 
   const int query_tiles = ceil_div(seq, kTile);
   const int bh = blockIdx.x / query_tiles, first_query = blockIdx.x % query_tiles * kTile;
   const int b = bh / heads, h = bh % heads;
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, t = lane % 4;
+  const int row = 16 * warp, r0 = row + lane / 4;
   const int valid = min(max(valid_lengths[b], 0), seq);
+  const int key_tiles = ceil_div(valid, kTile);
   const int queries = min(kTile, seq - first_query);
   const size_t qkv_stride = 3 * static_cast<size_t>(heads) * D, out_stride = static_cast<size_t>(heads) * D;
   const T* source = qkv + static_cast<size_t>(b) * seq * qkv_stride + h * D;
+  const float qk_scale = scale * kLog2e;
+  const uint64_t element0 = (static_cast<uint64_t>(bh) * seq + first_query + r0) * seq;
+  const uint64_t element1 = element0 + 8 * static_cast<uint64_t>(seq);
 
-  load_rows<T, D>(q, source + first_query * qkv_stride, qkv_stride, queries);
-  zero_accumulator<T, D>(acc);
+  auto fetch = [&](int tile, int stage) {
+    const int first_key = tile * kTile, keys = min(kTile, valid - first_key);
+    T* k_tile = stages + 2 * stage * C::kTileElements;
+    copy_rows_async<T, D>(k_tile, source + first_key * qkv_stride + heads * D, qkv_stride, keys);
+    copy_rows_async<T, D>(k_tile + C::kTileElements, source + first_key * qkv_stride + 2 * heads * D, qkv_stride, keys);
+    copy_async_commit();
+  };
+  if (key_tiles > 0) {
+    copy_rows_async<T, D>(q_tile, source + first_query * qkv_stride, qkv_stride, queries);
+    fetch(0, 0);  // one group with Q
+  }
+
   // dO into its tile, and D_i = dO_i . O_i: a group of D / 8 lanes per row, 8 elements each (every
   // thread runs every iteration: the groups' shuffles need whole warps).
   {
@@ -282,7 +481,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int x = 0; x < 8; ++x) gradient.v[x] = from_float<T>(0.f);
       }
       dot = lane_group_sum<kVecs>(dot);
-      gradient.store(dout_tile + r * C::kLdTile + c);
+      gradient.store(dout_tile + r * C::kLd + c);
       if (c == 0) {
         row_d[r] = dot;
         if (r < queries) row_dots[static_cast<size_t>(bh) * seq + first_query + r] = dot;
@@ -294,121 +493,154 @@ __global__ void __launch_bounds__(kThreads, 1)
     row_lse[r] = r < queries ? lse[static_cast<size_t>(bh) * seq + first_query + r] : INFINITY;  // P = 0
   }
 
-  const int g = lane % 16, half = lane / 16;
-  for (int first_key = 0; first_key < valid; first_key += kTile) {
-    const int keys = min(kTile, valid - first_key);
-    __syncthreads();  // the previous tile's K and V are read (and, the first time, Q, dO, lse, D written)
-    load_rows<T, D>(k, source + first_key * qkv_stride + heads * D, qkv_stride, keys);
-    load_rows<T, D>(v, source + first_key * qkv_stride + 2 * heads * D, qkv_stride, keys);
-    __syncthreads();
-    warp_scores<T, D>(q, k, scores, warp);          // S
-    warp_scores<T, D>(dout_tile, v, dprobs, warp);  // dO V^T, before the dropout mask
-    __syncwarp();
+  float dq[C::kDimTiles][4] = {};
+  for (int tile = 0; tile < key_tiles; ++tile) {
+    const int stage = tile & 1;
+    uint32_t kept0 = 0xFFFFFFFFu, kept1 = 0xFFFFFFFFu;  // drawn while few registers are live
+    if (dropout.dropping) {
+      const uint64_t first_key = static_cast<uint64_t>(tile) * kTile;
+      row_dropout_bits(dropout, element0 + first_key, element1 + first_key, lane, kept0, kept1);
+    }
+    if (tile + 1 < key_tiles) {
+      fetch(tile + 1, stage ^ 1);
+      copy_async_wait<1>();
+    } else {
+      copy_async_wait<0>();
+    }
+    __syncthreads();  // (the first time also dO, lse and D)
+    const T* k_tile = stages + 2 * stage * C::kTileElements;
+    const T* v_tile = k_tile + C::kTileElements;
+    const float lse0 = row_lse[r0] * kLog2e, lse1 = row_lse[r0 + 8] * kLog2e;
+    const float d0 = row_d[r0], d1 = row_d[r0 + 8];
 
-#pragma unroll 1
-    for (int pass = 0; pass < 8; ++pass) {
-      const int r = warp * 16 + 2 * pass + half;
-      const float4 s = *reinterpret_cast<const float4*>(scores + r * kLdScores + 4 * g);
-      const float4 dp = *reinterpret_cast<const float4*>(dprobs + r * kLdScores + 4 * g);
-      const float z[4] = {s.x, s.y, s.z, s.w}, dz[4] = {dp.x, dp.y, dp.z, dp.w};
-      const float lse_r = row_lse[r], d_r = row_d[r];
-      const uint64_t element = (static_cast<uint64_t>(bh) * seq + first_query + r) * seq + first_key + 4 * g;
-      const uint32_t kept = dropout.kept_bits4(element);
+    float p[kKeyTiles][4], ds[kKeyTiles][4];
+    tile_scores<T, D>(p, q_tile, row, k_tile, lane);
+    tile_scores<T, D>(ds, dout_tile, row, v_tile, lane);  // dP = dO V^T, before the dropout mask
+    const int keys = valid - tile * kTile;
+    const float keep_scale = dropout.dropping ? dropout.scale : 1.f;
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const float p = 4 * g + x < keys ? exp2f((scale * z[x] - lse_r) * kLog2e) : 0.f;
-        dscores[r * kLdProbs + 4 * g + x] = from_float<T>(p * (dz[x] * dropout.multiplier(kept, x) - d_r));
+    for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int x = e & 1;
+        const bool inside = 8 * n + 2 * t + x < keys;
+        const float prob = inside ? exp2f(fmaf(p[n][e], qk_scale, -(e < 2 ? lse0 : lse1))) : 0.f;
+        const float m = ((e < 2 ? kept0 : kept1) >> (4 * n + x)) & 1u ? keep_scale : 0.f;
+        ds[n][e] = prob * (ds[n][e] * m - (e < 2 ? d0 : d1));
       }
     }
-    __syncwarp();
-    warp_accumulate<T, D>(acc, dscores, k, warp);  // dQ += dS K (scaled at the end)
+    fragments_times_tile<T, D>(dq, ds, k_tile, lane);  // dQ += dS K (scaled at the end)
+    __syncthreads();                                   // the stage is refilled with tile + 2
   }
-  __syncthreads();  // the accumulator was zeroed by every warp (no key tile may have followed)
-  warp_store_rows<T, D>(acc, nullptr, scale, dqkv + static_cast<size_t>(b) * seq * qkv_stride + h * D, qkv_stride,
-                        first_query, seq, warp);
+  store_fragments<T, D>(dq, dqkv + static_cast<size_t>(b) * seq * qkv_stride + h * D, qkv_stride, first_query + row,
+                        seq, scale, scale, lane);
 }
 
 // dK and dV: a block per (sequence, head, 64 keys), warp w owning keys 16w .. 16w + 15 of the tile.
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, Config<T, D>::kBackwardBlocksPerSm)
     bert_attention_key_kernel(const T* __restrict__ qkv, const int32_t* __restrict__ valid_lengths,
                               const float* __restrict__ lse, const T* __restrict__ dout,
                               const float* __restrict__ row_dots, T* __restrict__ dqkv, int heads, int seq, float scale,
                               DropoutStream dropout) {
   using C = Config<T, D>;
   extern __shared__ __align__(128) unsigned char shared[];
-  T* k = reinterpret_cast<T*>(shared);
-  T* v = reinterpret_cast<T*>(shared + C::kTileBytes);
-  T* q = reinterpret_cast<T*>(shared + 2 * C::kTileBytes);
-  T* dout_tile = reinterpret_cast<T*>(shared + 3 * C::kTileBytes);
-  float* scores_t = reinterpret_cast<float*>(shared + 4 * C::kTileBytes);  // S^T [key][query]
-  float* dprobs_t = reinterpret_cast<float*>(shared + 4 * C::kTileBytes + C::kScoresBytes);
-  T* probs_t = reinterpret_cast<T*>(shared + 4 * C::kTileBytes + 2 * C::kScoresBytes);  // (P * M)^T
-  T* dscores_t = reinterpret_cast<T*>(shared + 4 * C::kTileBytes + 2 * C::kScoresBytes + C::kProbsBytes);
-  float* acc_k = reinterpret_cast<float*>(shared + 4 * C::kTileBytes + 2 * C::kScoresBytes + 2 * C::kProbsBytes);
-  float* acc_v = acc_k + kTile * C::kLdAcc;
-  float* row_lse = acc_v + kTile * C::kLdAcc;
-  float* row_d = row_lse + kTile;
+  T* k_tile = reinterpret_cast<T*>(shared);
+  T* v_tile = k_tile + C::kTileElements;
+  T* stages = v_tile + C::kTileElements;                                  // [stage][Q, dO]
+  float* rows = reinterpret_cast<float*>(stages + 4 * C::kTileElements);  // [stage][lse, D][kTile]
 
   const int key_tiles = ceil_div(seq, kTile);
   const int bh = blockIdx.x / key_tiles, first_key = blockIdx.x % key_tiles * kTile;
   const int b = bh / heads, h = bh % heads;
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
+  const int row = 16 * warp;
   const int valid = min(max(valid_lengths[b], 0), seq);
   const int keys = min(kTile, valid - first_key);  // valid keys of the tile; <= 0: dK = dV = 0
   const size_t qkv_stride = 3 * static_cast<size_t>(heads) * D, out_stride = static_cast<size_t>(heads) * D;
   const T* source = qkv + static_cast<size_t>(b) * seq * qkv_stride + h * D;
+  const float qk_scale = scale * kLog2e;
+  // Stream index of (query 2t + (g & 1), key 4 (g / 2) of the warp's 16) in query tile 0; the lane's
+  // draws (column_dropout_bits).
+  const uint64_t element = (static_cast<uint64_t>(bh) * seq + 2 * t + (g & 1)) * seq + first_key + row + 4 * (g / 2);
+  const bool key0_inside = row + g < keys, key1_inside = row + g + 8 < keys;
 
-  zero_accumulator<T, D>(acc_k);
-  zero_accumulator<T, D>(acc_v);
+  auto fetch = [&](int tile, int stage) {
+    const int first_query = tile * kTile, queries = min(kTile, seq - first_query);
+    T* q_tile = stages + 2 * stage * C::kTileElements;
+    copy_rows_async<T, D>(q_tile, source + first_query * qkv_stride, qkv_stride, queries);
+    copy_rows_async<T, D>(q_tile + C::kTileElements,
+                          dout + (static_cast<size_t>(b) * seq + first_query) * out_stride + h * D, out_stride,
+                          queries);
+    // lse (threads 0..63) and D (64..127) per query; padded queries get lse = +inf: P = 0.
+    const int r = threadIdx.x % kTile;
+    float* to = rows + (2 * stage + threadIdx.x / kTile) * kTile + r;
+    const size_t at = static_cast<size_t>(bh) * seq + first_query + r;
+    if (r < queries)
+      copy_async4(to, threadIdx.x < kTile ? lse + at : row_dots + at);
+    else
+      *to = threadIdx.x < kTile ? INFINITY : 0.f;
+    copy_async_commit();
+  };
+
+  float dk[C::kDimTiles][4] = {}, dv[C::kDimTiles][4] = {};
   if (keys > 0) {
-    load_rows<T, D>(k, source + first_key * qkv_stride + heads * D, qkv_stride, keys);
-    load_rows<T, D>(v, source + first_key * qkv_stride + 2 * heads * D, qkv_stride, keys);
-    // Elementwise lanes: lane `column` = lane / 4 takes queries column, column + 8, ...; lane
-    // quarter = lane % 4 holds keys 4 quarter .. 4 quarter + 3 of the warp's 16.
-    const int column = lane / 4, quarter = lane % 4;
-    const int key_row = warp * 16 + 4 * quarter;  // first key of the lane, in the tile
-    for (int first_query = 0; first_query < seq; first_query += kTile) {
-      const int queries = min(kTile, seq - first_query);
-      __syncthreads();  // the previous query tile is read
-      load_rows<T, D>(q, source + first_query * qkv_stride, qkv_stride, queries);
-      load_rows<T, D>(dout_tile, dout + (static_cast<size_t>(b) * seq + first_query) * out_stride + h * D, out_stride,
-                      queries);
-      if (threadIdx.x < kTile) {
-        const int r = threadIdx.x;
-        const size_t at = static_cast<size_t>(bh) * seq + first_query + r;
-        row_lse[r] = r < queries ? lse[at] : INFINITY;  // padded queries: P = 0
-        row_d[r] = r < queries ? row_dots[at] : 0.f;
+    copy_rows_async<T, D>(k_tile, source + first_key * qkv_stride + heads * D, qkv_stride, keys);
+    copy_rows_async<T, D>(v_tile, source + first_key * qkv_stride + 2 * heads * D, qkv_stride, keys);
+    fetch(0, 0);  // one group with K and V
+    const int query_tiles = ceil_div(seq, kTile);
+    const float keep_scale = dropout.dropping ? dropout.scale : 1.f;
+    for (int tile = 0; tile < query_tiles; ++tile) {
+      const int stage = tile & 1;
+      uint32_t kept[4] = {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu};  // drawn while few registers are live
+      if (dropout.dropping)
+        column_dropout_bits(dropout, element + static_cast<uint64_t>(tile) * kTile * seq, seq, lane, kept);
+      if (tile + 1 < query_tiles) {
+        fetch(tile + 1, stage ^ 1);
+        copy_async_wait<1>();
+      } else {
+        copy_async_wait<0>();
       }
       __syncthreads();
-      warp_scores<T, D>(k, q, scores_t, warp);          // S^T = K Q^T
-      warp_scores<T, D>(v, dout_tile, dprobs_t, warp);  // (dO V^T)^T = V dO^T
-      __syncwarp();
+      const T* q_tile = stages + 2 * stage * C::kTileElements;
+      const T* dout_tile = q_tile + C::kTileElements;
+      const float* row_lse = rows + 2 * stage * kTile;
+      const float* row_d = row_lse + kTile;
 
+      // Keys as rows: P^T = exp2(S^T - lse) and dP^T = V dO^T with queries 8n + 2t, + 1 as
+      // columns, kColumns 8-query tiles at a time.
+      constexpr int N = C::kColumns;
 #pragma unroll 1
-      for (int pass = 0; pass < 8; ++pass) {
-        const int c = pass * 8 + column;  // query in the tile
-        const float lse_c = row_lse[c], d_c = row_d[c];
-        const uint64_t element = (static_cast<uint64_t>(bh) * seq + first_query + c) * seq + first_key + key_row;
-        const uint32_t kept = dropout.kept_bits4(element);
+      for (int part = 0; part < kKeyTiles / N; ++part) {
+        const T* q_part = q_tile + 8 * N * part * C::kLd;
+        const T* dout_part = dout_tile + 8 * N * part * C::kLd;
+        float p[N][4], ds[N][4];
+        tile_scores<T, D, N>(p, k_tile, row, q_part, lane);
+        tile_scores<T, D, N>(ds, v_tile, row, dout_part, lane);
 #pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          const int r = key_row + x;
-          const float p = r < keys ? exp2f((scale * scores_t[r * kLdScores + c] - lse_c) * kLog2e) : 0.f;
-          const float m = dropout.multiplier(kept, x);
-          probs_t[r * kLdProbs + c] = from_float<T>(p * m);
-          dscores_t[r * kLdProbs + c] = from_float<T>(p * (dprobs_t[r * kLdScores + c] * m - d_c));
+        for (int n = 0; n < N; ++n) {
+          const int j = N * part + n;  // the 8-query tile
+          const float2 lse_pair = *reinterpret_cast<const float2*>(row_lse + 8 * j + 2 * t);
+          const float2 d_pair = *reinterpret_cast<const float2*>(row_d + 8 * j + 2 * t);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int x = e & 1;
+            const bool inside = e < 2 ? key0_inside : key1_inside;
+            const float prob = inside ? exp2f(fmaf(p[n][e], qk_scale, -(x ? lse_pair.y : lse_pair.x) * kLog2e)) : 0.f;
+            const float m = (kept[e] >> (4 * j)) & 1u ? keep_scale : 0.f;
+            ds[n][e] = prob * (ds[n][e] * m - (x ? d_pair.y : d_pair.x));
+            p[n][e] = prob * m;
+          }
         }
+        fragments_times_tile<T, D, N>(dv, p, dout_part, lane);  // dV += (P * M)^T dO
+        fragments_times_tile<T, D, N>(dk, ds, q_part, lane);    // dK += dS^T Q (scaled at the end)
       }
-      __syncwarp();
-      warp_accumulate<T, D>(acc_v, probs_t, dout_tile, warp);  // dV += (P * M)^T dO
-      warp_accumulate<T, D>(acc_k, dscores_t, q, warp);        // dK += dS^T Q (scaled at the end)
+      __syncthreads();  // the stage is refilled with tile + 2
     }
   }
-  __syncthreads();  // the accumulators were zeroed by every warp (no query tile may have followed)
   T* destination = dqkv + static_cast<size_t>(b) * seq * qkv_stride + h * D;
-  warp_store_rows<T, D>(acc_k, nullptr, scale, destination + heads * D, qkv_stride, first_key, seq, warp);
-  warp_store_rows<T, D>(acc_v, nullptr, 1.f, destination + 2 * heads * D, qkv_stride, first_key, seq, warp);
+  store_fragments<T, D>(dk, destination + heads * D, qkv_stride, first_key + row, seq, scale, scale, lane);
+  store_fragments<T, D>(dv, destination + 2 * heads * D, qkv_stride, first_key + row, seq, 1.f, 1.f, lane);
 }
 
 // ---- kernel launchers

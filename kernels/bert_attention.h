@@ -22,12 +22,16 @@
 // head_dim 32, 64 or 128; seq >= 1 (any length: tiles past the end are zero-padded). Pointers to
 // qkv, out, dout and dqkv must be 16-byte aligned.
 //
-// Design (FlashAttention's tiling, on nvcuda::wmma): the forward runs a block per (sequence, head,
-// 64 queries) that walks the valid keys 64 at a time with an online softmax, so neither S nor P
-// ever reaches global memory. The backward avoids atomics: a first kernel per (sequence, head, 64
-// queries) computes D and dQ (walking the key tiles), a second per (sequence, head, 64 keys)
-// computes dK and dV (walking the query tiles); both recompute S and P from lse and regenerate the
-// dropout mask, so the scores are computed twice in the backward instead of stored.
+// Design (FlashAttention-2 on mma.sync m16n8k16): the forward runs a block of 4 warps per
+// (sequence, head, 64 queries), each warp owning 16 query rows, that walks the valid keys 64 at a
+// time (K and V double-buffered with cp.async) with an online softmax; the scores, P (dropout
+// applied in registers) and the O accumulator stay in mma fragments, and P becomes the left operand
+// of P V without leaving registers, so neither S nor P reaches shared or global memory. The
+// backward avoids atomics: a first kernel per (sequence, head, 64 queries) computes D and dQ
+// (walking the key tiles), a second per (sequence, head, 64 keys) computes dK and dV (walking the
+// query tiles) with the keys as rows: S^T = K Q^T and dP^T = V dO^T, so P^T and dS^T are the left
+// operands of dV and dK in registers too. Both recompute P from lse and regenerate the dropout mask,
+// so the scores are computed twice in the backward instead of stored.
 #pragma once
 
 #include <cuda_runtime.h>

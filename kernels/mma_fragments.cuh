@@ -1,5 +1,5 @@
 // Register-level tensor-core products and asynchronous copies for the fused attention kernels that
-// keep their scores in registers (window_attention.cu's 49-token kernels).
+// keep their scores in registers (window_attention.cu's 49-token kernels, bert_attention.cu).
 //
 // mma.sync m16n8k16 with fp32 accumulators (PTX ISA, "Matrix Fragments for mma.m16n8k16"). With
 // lane = 4 g + t (g = lane / 4, t = lane % 4) and pairs of 16-bit elements packed in one register,
@@ -63,6 +63,27 @@ __device__ __forceinline__ uint32_t pack_elements(const T* low, const T* high) {
 template <class T>
 __device__ __forceinline__ uint32_t load_pair(const T* p) {
   return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// The shared-memory address (state space .shared) of a generic pointer into shared memory.
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ldmatrix: four 8x8 matrices of 16-bit elements from shared memory, lanes 8i .. 8i + 7 giving the
+// shared addresses of matrix i's rows 0..7 (16-byte aligned); r[i] receives matrix i. Plain: lane
+// 4g + t holds row g, columns 2t, 2t + 1 (an A fragment, or the B fragment of a [n][k]-stored
+// matrix). Transposed: it holds rows 2t, 2t + 1 of column g (the B fragment of a [k][n]-stored one).
+__device__ __forceinline__ void load_matrix_x4(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+__device__ __forceinline__ void load_matrix_x4_transposed(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
 }
 
 // 16 bytes global -> shared without passing through registers (cp.async.cg: cached in L2 only);

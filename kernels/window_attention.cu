@@ -1,32 +1,16 @@
 // Swin window attention forward and backward (see window_attention.h for the math and layouts).
-// 49-token windows take the register-fragment kernels further down ("49-token windows"); what
-// follows describes the shared-memory kernels, which serve 144-token windows.
-//
-// Design: a block per (window, head), 128 threads for 49 tokens and 256 for 144. Q, K, V (and dO in
-// the backward) of the window sit in shared memory as [padded tokens][head_dim + 8] tiles of T, rows
-// past the window's tokens zero. The products run on tensor cores through nvcuda::wmma with
-// 16x16x16 fragments and fp32 accumulators (kernels/attention_tiles.cuh: every fragment goes
-// through shared memory, so nothing depends on the fragments' register layout).
-// Scores S (and dP) are float [padded][padded + 8]; P (and dS) are T [padded][padded + 8]. The row
-// pitches are multiples of 8 elements of T / 4 floats as wmma requires, padded past the tile width
-// so that rows do not start on the same bank; every tile starts 32-byte aligned. The forward's
-// softmax reads S with 8 (49 tokens) or 16 (144) lanes per row, keys in registers, in float.
-// Outputs leave a warp's accumulator through a 16x16 float staging tile, 8 elements (16 bytes) per
-// lane, straight into the packed [tokens, 3, heads, head_dim] or [tokens, heads * head_dim] rows.
-//
-// The backward's blocks stay resident: block (slice, head) loops over windows slice, slice +
-// slices, ... of its head and keeps the sum of their dS in its own float slice of the workspace
-// (the first window stores, later ones add: no other block touches the slice, so no atomics).
-// Two small kernels then sum the slices (window_bias_reduce_kernel) and fold [heads, N, N] into the
+// Both window sizes keep their scores in mma.sync register fragments (kernels/mma_fragments.cuh):
+// "49-token windows" and "144-token windows" below. A block works through a run of windows that
+// share one head and one mask window, so the bias + mask it adds are loaded once per block; the
+// backward's bias gradient is summed per block into the block's own slice of the workspace, then
+// two small kernels sum the slices (window_bias_reduce_kernel) and fold [heads, N, N] into the
 // table through the index (window_table_gradient_kernel: a warp per table entry, a lane per head).
-#include <mma.h>
-
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 
-#include "kernels/attention_tiles.cuh"
+#include "kernels/attention_tiles.cuh"  // allow_shared
 #include "kernels/common.cuh"
 #include "kernels/mma_fragments.cuh"
 #include "kernels/window_attention.h"
@@ -34,90 +18,11 @@
 namespace fusekit::kernels {
 namespace {
 
-using namespace nvcuda;
-
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kMaxHeads = 64;  // the table gradient's warp holds two heads per lane
 
-// Sizes and the shared-memory layout of a (T, tokens, head dim) instantiation. Every region is a
-// multiple of 32 bytes, so every region and every 16-row or 16-column tile in it is 32-byte aligned.
-template <class T, int N, int D>
-struct Config {
-  static constexpr int kPadded = (N + 15) / 16 * 16;  // 49 -> 64, 144 -> 144
-  static constexpr int kThreads = kPadded <= 64 ? 128 : 256;
-  static constexpr int kWarps = kThreads / kWarpSize;
-  static constexpr int kTiles = kPadded / 16;  // 16-token tiles
-  static constexpr int kDimTiles = D / 16;     // 16-column tiles of the head dimension
-  static constexpr int kLdTile = D + 8;        // T per row of Q, K, V, dO
-  // floats per row of S, dP: + 8, so that the 4 rows one warp's softmax reads at once (8 lanes
-  // each) fall on distinct banks
-  static constexpr int kLdScores = kPadded + 8;
-  static constexpr int kLdProbs = kPadded + 8;              // T per row of P, dS
-  static constexpr int kRowLanes = kPadded <= 64 ? 8 : 16;  // lanes per row in the forward's softmax
-  static constexpr int kPerLane = kPadded / kRowLanes;      // keys per lane there: 8 or 9
-  static constexpr size_t kTileBytes = sizeof(T) * kPadded * kLdTile;
-  static constexpr size_t kScoresBytes = sizeof(float) * kPadded * kLdScores;
-  static constexpr size_t kProbsBytes = sizeof(T) * kPadded * kLdProbs;
-  static constexpr size_t kStageBytes = sizeof(float) * 256 * kWarps;  // a 16x16 float tile per warp
-  static constexpr size_t kRowBytes = sizeof(float) * kPadded;
-  // Forward: Q, K, V, S (its rows then stage the output), P.
-  static constexpr size_t kForwardBytes = 3 * kTileBytes + kScoresBytes + kProbsBytes;
-  // Backward: Q, K, V, dO, S then dP, P then dS, staging, lse and D per row.
-  static constexpr size_t kBackwardBytes = 4 * kTileBytes + kScoresBytes + kProbsBytes + kStageBytes + 2 * kRowBytes;
-  static_assert(D % 16 == 0 && kStageBytes <= kScoresBytes, "layout");
-  static_assert(kPerLane * kRowLanes == kPadded && kThreads / kRowLanes == 16, "16 softmax rows per pass");
-  static_assert(kBackwardBytes <= 227 * 1024, "shared memory of one block on sm_90");
-};
-
 // ---- CUDA kernels
-
-// Rows [0, N) of a [N, D] matrix whose rows lie `stride` elements apart in global memory, into a
-// tile of kPadded rows of kLdTile; rows past N are zero. 16-byte accesses.
-template <class T, int N, int D>
-__device__ __forceinline__ void load_tile(T* tile, const T* __restrict__ source, size_t stride) {
-  using C = Config<T, N, D>;
-  constexpr int kVecs = D / 8;
-  for (int e = threadIdx.x; e < C::kPadded * kVecs; e += C::kThreads) {
-    const int r = e / kVecs, c = e % kVecs * 8;
-    int4 value = make_int4(0, 0, 0, 0);
-    if (r < N) value = __ldg(reinterpret_cast<const int4*>(source + r * stride + c));
-    *reinterpret_cast<int4*>(tile + r * C::kLdTile + c) = value;
-  }
-}
-
-// S = Q K^T into `scores`: the warps share the kTiles^2 tiles.
-template <class T, int N, int D>
-__device__ __forceinline__ void scores_product(const T* q, const T* k, float* scores) {
-  using C = Config<T, N, D>;
-  const int warp = threadIdx.x / kWarpSize;
-  for (int t = warp; t < C::kTiles * C::kTiles; t += C::kWarps) {
-    const int ti = t / C::kTiles, tj = t % C::kTiles;
-    Accumulator acc;
-    // A = Q rows ti (row_major), B = K^T columns tj: K's rows read col_major.
-    multiply_tiles<T, wmma::row_major, wmma::col_major>(acc, q + ti * 16 * C::kLdTile, C::kLdTile, 16,
-                                                        k + tj * 16 * C::kLdTile, C::kLdTile, 16, C::kDimTiles);
-    wmma::store_matrix_sync(scores + ti * 16 * C::kLdScores + tj * 16, acc, C::kLdScores, wmma::mem_row_major);
-  }
-}
-
-// Writes the warp's 16x16 accumulator tile, times `factor`, to rows first_row.. of `destination`
-// (rows `stride` elements apart; rows >= N are not written), through the warp's staging tile.
-template <class T, int N>
-__device__ __forceinline__ void store_rows(const Accumulator& acc, float* stage, T* destination, size_t stride,
-                                           int first_row, float factor) {
-  wmma::store_matrix_sync(stage, acc, 16, wmma::mem_row_major);
-  __syncwarp();
-  const int lane = threadIdx.x % kWarpSize;
-  const int r = lane / 2, c = lane % 2 * 8;
-  if (first_row + r < N) {
-    Vec<T, 8> out;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) out.v[k] = from_float<T>(factor * stage[r * 16 + c + k]);
-    out.store(destination + (first_row + r) * stride + c);
-  }
-  __syncwarp();  // the staging tile is rewritten by the warp's next tile
-}
 
 // The gathered bias: bias[h, i, j] = table[index[i, j], h], one thread per element.
 template <class T>
@@ -127,215 +32,6 @@ __global__ void window_bias_gather_kernel(const T* __restrict__ table, const int
   if (e >= heads * pairs) return;
   const int h = e / pairs, ij = e % pairs;
   bias[e] = to_float(table[static_cast<size_t>(index[ij]) * heads + h]);
-}
-
-template <class T, int N, int D>
-__global__ void __launch_bounds__(Config<T, N, D>::kThreads)
-    window_attention_forward_kernel(const T* __restrict__ qkv, const float* __restrict__ bias,
-                                    const float* __restrict__ mask, T* __restrict__ out, float* __restrict__ lse,
-                                    int heads, int mask_windows, float scale) {
-  using C = Config<T, N, D>;
-  extern __shared__ __align__(128) unsigned char shared[];
-  T* q = reinterpret_cast<T*>(shared);
-  T* k = reinterpret_cast<T*>(shared + C::kTileBytes);
-  T* v = reinterpret_cast<T*>(shared + 2 * C::kTileBytes);
-  float* scores = reinterpret_cast<float*>(shared + 3 * C::kTileBytes);
-  T* probs = reinterpret_cast<T*>(shared + 3 * C::kTileBytes + C::kScoresBytes);
-  const int b = blockIdx.x / heads, h = blockIdx.x % heads;
-  const int warp = threadIdx.x / kWarpSize;
-
-  const size_t qkv_stride = 3 * static_cast<size_t>(heads) * D;  // elements from one token's row to the next
-  const T* source = qkv + static_cast<size_t>(b) * N * qkv_stride + h * D;
-  load_tile<T, N, D>(q, source, qkv_stride);
-  load_tile<T, N, D>(k, source + heads * D, qkv_stride);
-  load_tile<T, N, D>(v, source + 2 * heads * D, qkv_stride);
-  __syncthreads();
-  scores_product<T, N, D>(q, k, scores);
-  __syncthreads();
-
-  // Softmax, a group of kRowLanes lanes per row (16 rows per pass, as in softmax.cu): lane g of the
-  // group holds keys g, g + kRowLanes, ...; padded keys and padded rows come out 0 in P. Every thread
-  // runs every pass (kPadded / 16 of them), so the groups' shuffles see whole warps.
-  const float* bias_h = bias + static_cast<size_t>(h) * N * N;
-  const float* mask_w = mask ? mask + static_cast<size_t>(b % mask_windows) * N * N : nullptr;
-  const int g = threadIdx.x % C::kRowLanes;
-  for (int i = threadIdx.x / C::kRowLanes; i < C::kPadded; i += C::kThreads / C::kRowLanes) {
-    float z[C::kPerLane];
-    float high = -INFINITY;
-#pragma unroll
-    for (int r = 0; r < C::kPerLane; ++r) {
-      const int j = g + r * C::kRowLanes;
-      z[r] = -INFINITY;
-      if (i < N && j < N) {
-        z[r] = scale * scores[i * C::kLdScores + j] + bias_h[i * N + j];
-        if (mask_w) z[r] += mask_w[i * N + j];
-      }
-      high = fmaxf(high, z[r]);
-    }
-    high = lane_group_max<C::kRowLanes>(high);
-    const float shift = high == -INFINITY ? 0.f : high;  // a row with no key (or a padded row) writes zeros
-    float sum = 0.f;
-#pragma unroll
-    for (int r = 0; r < C::kPerLane; ++r) {
-      z[r] = exp2f((z[r] - shift) * kLog2e);
-      sum += z[r];
-    }
-    sum = lane_group_sum<C::kRowLanes>(sum);
-    const float inverse = sum > 0.f ? 1.f / sum : 0.f;
-    T* p_row = probs + i * C::kLdProbs;
-#pragma unroll
-    for (int r = 0; r < C::kPerLane; ++r) p_row[g + r * C::kRowLanes] = from_float<T>(z[r] * inverse);
-    // +inf for a row with no key: the backward's exp(S - lse) is then 0 there.
-    if (g == 0 && i < N) lse[(static_cast<size_t>(b) * heads + h) * N + i] = sum > 0.f ? shift + logf(sum) : INFINITY;
-  }
-  __syncthreads();
-
-  // O = P V; the score rows are free now and stage the output tiles.
-  float* stage = scores + warp * 256;
-  const size_t out_stride = static_cast<size_t>(heads) * D;
-  T* destination = out + static_cast<size_t>(b) * N * out_stride + h * D;
-  for (int t = warp; t < C::kTiles * C::kDimTiles; t += C::kWarps) {
-    const int ti = t / C::kDimTiles, tn = t % C::kDimTiles;
-    Accumulator acc;
-    multiply_tiles<T, wmma::row_major, wmma::row_major>(acc, probs + ti * 16 * C::kLdProbs, C::kLdProbs, 16,
-                                                        v + tn * 16, C::kLdTile, 16 * C::kLdTile, C::kTiles);
-    store_rows<T, N>(acc, stage, destination + tn * 16, out_stride, ti * 16, 1.f);
-  }
-}
-
-template <class T, int N, int D>
-__global__ void __launch_bounds__(Config<T, N, D>::kThreads, 1)
-    window_attention_backward_kernel(const T* __restrict__ qkv, const float* __restrict__ bias,
-                                     const float* __restrict__ mask, const T* __restrict__ out,
-                                     const float* __restrict__ lse, const T* __restrict__ dout, T* __restrict__ dqkv,
-                                     float* __restrict__ partials, int windows, int heads, int mask_windows, int slices,
-                                     float scale) {
-  using C = Config<T, N, D>;
-  extern __shared__ __align__(128) unsigned char shared[];
-  T* q = reinterpret_cast<T*>(shared);
-  T* k = reinterpret_cast<T*>(shared + C::kTileBytes);
-  T* v = reinterpret_cast<T*>(shared + 2 * C::kTileBytes);
-  T* dout_tile = reinterpret_cast<T*>(shared + 3 * C::kTileBytes);
-  float* scores = reinterpret_cast<float*>(shared + 4 * C::kTileBytes);           // S, then dP
-  T* probs = reinterpret_cast<T*>(shared + 4 * C::kTileBytes + C::kScoresBytes);  // P, then dS
-  float* stages = reinterpret_cast<float*>(shared + 4 * C::kTileBytes + C::kScoresBytes + C::kProbsBytes);
-  float* row_lse = stages + C::kStageBytes / sizeof(float);
-  float* row_d = row_lse + C::kPadded;
-
-  const int h = blockIdx.x % heads, slice = blockIdx.x / heads;
-  const int warp = threadIdx.x / kWarpSize;
-  float* stage = stages + warp * 256;
-  float* partial = partials + (static_cast<size_t>(slice) * heads + h) * N * N;
-  const float* bias_h = bias + static_cast<size_t>(h) * N * N;
-  const size_t qkv_stride = 3 * static_cast<size_t>(heads) * D, out_stride = static_cast<size_t>(heads) * D;
-
-  for (int b = slice; b < windows; b += slices) {
-    const bool first = b == slice;
-    const T* source = qkv + static_cast<size_t>(b) * N * qkv_stride + h * D;
-    load_tile<T, N, D>(q, source, qkv_stride);
-    load_tile<T, N, D>(k, source + heads * D, qkv_stride);
-    load_tile<T, N, D>(v, source + 2 * heads * D, qkv_stride);
-    // dO into its tile, and D_i = dO_i . O_i: a group of D / 8 lanes per row, 8 elements each. Every
-    // thread runs every iteration (the groups' shuffles need whole warps).
-    {
-      constexpr int kVecs = D / 8;
-      constexpr int kSlots = (C::kPadded * kVecs + C::kThreads - 1) / C::kThreads * C::kThreads;
-      const T* o_rows = out + static_cast<size_t>(b) * N * out_stride + h * D;
-      const T* g_rows = dout + static_cast<size_t>(b) * N * out_stride + h * D;
-      for (int e = threadIdx.x; e < kSlots; e += C::kThreads) {
-        const int r = e / kVecs, c = e % kVecs * 8;
-        Vec<T, 8> g;
-        float dot = 0.f;
-        if (r < N) {
-          const Vec<T, 8> o = Vec<T, 8>::load(o_rows + r * out_stride + c);
-          g = Vec<T, 8>::load(g_rows + r * out_stride + c);
-#pragma unroll
-          for (int x = 0; x < 8; ++x) dot += to_float(o.v[x]) * to_float(g.v[x]);
-        } else {
-#pragma unroll
-          for (int x = 0; x < 8; ++x) g.v[x] = from_float<T>(0.f);
-        }
-        dot = lane_group_sum<kVecs>(dot);
-        if (r < C::kPadded) {
-          g.store(dout_tile + r * C::kLdTile + c);
-          if (c == 0) row_d[r] = dot;
-        }
-      }
-    }
-    for (int i = threadIdx.x; i < C::kPadded; i += C::kThreads) {
-      row_lse[i] = i < N ? lse[(static_cast<size_t>(b) * heads + h) * N + i] : INFINITY;
-    }
-    __syncthreads();
-    scores_product<T, N, D>(q, k, scores);
-    __syncthreads();
-
-    // P = exp(S - lse), recomputed in float from the saved log-sum-exp; 0 outside the window.
-    const float* mask_w = mask ? mask + static_cast<size_t>(b % mask_windows) * N * N : nullptr;
-    for (int e = threadIdx.x; e < C::kPadded * C::kPadded; e += C::kThreads) {
-      const int i = e / C::kPadded, j = e % C::kPadded;
-      float p = 0.f;
-      if (i < N && j < N) {
-        float z = scale * scores[i * C::kLdScores + j] + bias_h[i * N + j];
-        if (mask_w) z += mask_w[i * N + j];
-        p = exp2f((z - row_lse[i]) * kLog2e);
-      }
-      probs[i * C::kLdProbs + j] = from_float<T>(p);
-    }
-    __syncthreads();
-
-    // dV = P^T dO (out to dqkv), and dP = dO V^T (into the score rows, no longer needed).
-    T* dq_rows = dqkv + static_cast<size_t>(b) * N * qkv_stride + h * D;
-    constexpr int kOutTiles = C::kTiles * C::kDimTiles;
-    for (int t = warp; t < kOutTiles + C::kTiles * C::kTiles; t += C::kWarps) {
-      Accumulator acc;
-      if (t < kOutTiles) {
-        const int ti = t / C::kDimTiles, tn = t % C::kDimTiles;
-        // A = P^T: P's columns ti read col_major, stepping down P's rows; B = dO rows, row_major.
-        multiply_tiles<T, wmma::col_major, wmma::row_major>(acc, probs + ti * 16, C::kLdProbs, 16 * C::kLdProbs,
-                                                            dout_tile + tn * 16, C::kLdTile, 16 * C::kLdTile,
-                                                            C::kTiles);
-        store_rows<T, N>(acc, stage, dq_rows + 2 * heads * D + tn * 16, qkv_stride, ti * 16, 1.f);
-      } else {
-        const int ti = (t - kOutTiles) / C::kTiles, tj = (t - kOutTiles) % C::kTiles;
-        // A = dO rows ti, B = V^T: V's rows tj read col_major.
-        multiply_tiles<T, wmma::row_major, wmma::col_major>(acc, dout_tile + ti * 16 * C::kLdTile, C::kLdTile, 16,
-                                                            v + tj * 16 * C::kLdTile, C::kLdTile, 16, C::kDimTiles);
-        wmma::store_matrix_sync(scores + ti * 16 * C::kLdScores + tj * 16, acc, C::kLdScores, wmma::mem_row_major);
-      }
-    }
-    __syncthreads();
-
-    // dS = P (dP - D) in place of P, in T for the products; in float into this block's slice of the
-    // bias gradient (only this block reads or writes the slice).
-    for (int e = threadIdx.x; e < C::kPadded * C::kPadded; e += C::kThreads) {
-      const int i = e / C::kPadded, j = e % C::kPadded;
-      float ds = 0.f;
-      if (i < N && j < N) {
-        ds = to_float(probs[i * C::kLdProbs + j]) * (scores[i * C::kLdScores + j] - row_d[i]);
-        float* slot = partial + i * N + j;
-        *slot = first ? ds : *slot + ds;
-      }
-      probs[i * C::kLdProbs + j] = from_float<T>(ds);
-    }
-    __syncthreads();
-
-    // dQ = scale dS K and dK = scale dS^T Q.
-    for (int t = warp; t < 2 * kOutTiles; t += C::kWarps) {
-      const int ti = t % kOutTiles / C::kDimTiles, tn = t % kOutTiles % C::kDimTiles;
-      Accumulator acc;
-      if (t < kOutTiles) {
-        multiply_tiles<T, wmma::row_major, wmma::row_major>(acc, probs + ti * 16 * C::kLdProbs, C::kLdProbs, 16,
-                                                            k + tn * 16, C::kLdTile, 16 * C::kLdTile, C::kTiles);
-        store_rows<T, N>(acc, stage, dq_rows + tn * 16, qkv_stride, ti * 16, scale);
-      } else {
-        // A = dS^T: dS's columns ti read col_major.
-        multiply_tiles<T, wmma::col_major, wmma::row_major>(acc, probs + ti * 16, C::kLdProbs, 16 * C::kLdProbs,
-                                                            q + tn * 16, C::kLdTile, 16 * C::kLdTile, C::kTiles);
-        store_rows<T, N>(acc, stage, dq_rows + heads * D + tn * 16, qkv_stride, ti * 16, scale);
-      }
-    }
-    __syncthreads();  // the next window overwrites the tiles
-  }
 }
 
 // dbias[h, i, j] = sum over slices of partials[slice, h, i, j]: block (32 x kSliceGroups) threads
@@ -779,6 +475,435 @@ __global__ void __launch_bounds__(SmallWindow<T, D>::kThreads, SmallWindow<T, D>
   }
 }
 
+// ---- 144-token windows (window 12): scores in registers, bias + mask in shared memory
+//
+// As for 49 tokens, a block works through `chunk` windows of one head h and one mask window m, with
+// Q, K, V (and dO) of the next window copied into a second shared-memory stage while the current
+// one is computed. 144 = 9 x 16 needs no padding: 9 warps, warp w owns rows 16w..16w+15. A thread's
+// 16 x 144 share of S is 72 floats, so its 72 values of (bias + mask) log2 e cannot stay in
+// registers as well: the block writes them once, in float, to a shared-memory table laid out in
+// fragment order ([warp][8-column tile][lane] float4), from which every window reads them back with
+// one conflict-free 16-byte load per tile. Only the thread that wrote a slot reads it. (In T the
+// table would lose the bias next to a -100 mask entry, and in bf16 the bias itself.)
+// Operands come from shared memory through ldmatrix (kernels/mma_fragments.cuh).
+//
+// Forward: S = Q K^T for the warp's 16 queries, softmax over the 144 keys in registers (a row spread
+// over the 4 lanes of a quad), P straight from the accumulators as the A operand of P V.
+//
+// Backward: warp w owns keys 16w..16w+15 and computes S^T = K Q^T and dP^T = V dO^T in passes of
+// kPass queries, so that P^T and dS^T = P^T (dP^T - D) sit in registers: P^T is the A operand of
+// dV = P^T dO straight from the accumulators (dV accumulates over the passes), and dS^T is added to
+// the thread's 72 dS sums (over the block's windows, in float registers, stored once into the
+// block's slice of the workspace as the 49-token backward does) and written to shared memory in T,
+// from which dK = dS^T Q and dQ = dS K (transposed ldmatrix) take it after a barrier. D_i, a sum
+// over all keys that no warp holds, is dO_i . O_i, with O copied in beside the window. A 9-warp
+// block gets at most 168 registers a thread (the 4 SM sub-partitions hold 3, 2, 2, 2 of its warps);
+// the 72 dS sums leave a little too few, and ptxas spills a few (ptxas -v: 40 bytes for D = 32,
+// 112 for D = 64). For D = 64 only one stage fits beside the table and dS^T, so the next window's
+// copies start when the current one is done.
+
+template <class T, int D>
+struct LargeWindow {
+  static constexpr int kN = 144;
+  static constexpr int kWarps = kN / 16;
+  static constexpr int kThreads = kWarps * kWarpSize;
+  static constexpr int kTiles = kN / 8;         // 8-column tiles of a warp's S (S^T): 18
+  static constexpr int kSteps = kN / 16;        // 16-deep steps over the keys: 9
+  static constexpr int kDimTiles = D / 8;       // 8-column tiles of O, dQ, dK, dV
+  static constexpr int kDimSteps = D / 16;      // 16-deep steps over the head dimension
+  static constexpr int kLd = D + 8;             // T per tile row: conflict-free ldmatrix rows
+  static constexpr int kLdTransposed = kN + 8;  // T per row of dS^T
+  static constexpr int kTile = kN * kLd;        // T per tile
+  static constexpr size_t kTileBytes = sizeof(T) * kTile;
+  static constexpr size_t kTableBytes = sizeof(float) * kN * kN;
+  static constexpr size_t kTransposedBytes = sizeof(T) * kN * kLdTransposed;
+  static constexpr size_t kRowBytes = sizeof(float) * kN;
+  static constexpr int kForwardTiles = 3;   // Q, K, V
+  static constexpr int kBackwardTiles = 4;  // Q, K, V, dO
+  static constexpr int kBackwardStages = D == 32 ? 2 : 1;
+  static constexpr int kPass = 16;  // queries per backward pass (registers: ptxas -v)
+  static constexpr int kPassTiles = kPass / 8;
+  static constexpr size_t kOutBytes = sizeof(T) * kN * D;  // O of one window, unpadded
+  // [stage][Q, K, V][kN][kLd], then the table.
+  static constexpr size_t kForwardBytes = 2 * kForwardTiles * kTileBytes + kTableBytes;
+  // [stage][Q, K, V, dO][kN][kLd], the table, dS^T, O, lse [stage][kN], D [kN].
+  static constexpr size_t kBackwardBytes = kBackwardStages * (kBackwardTiles * kTileBytes + kRowBytes) + kTableBytes +
+                                           kTransposedBytes + kOutBytes + kRowBytes;
+  static constexpr int kForwardChunk = 16, kBackwardChunk = 16;  // windows per block
+  static_assert(kN % 16 == 0 && kN % kPass == 0 && kPass % 16 == 0, "tiling");
+  static_assert(kTileBytes % 16 == 0 && kTransposedBytes % 16 == 0 && kOutBytes % 16 == 0 && kRowBytes % 16 == 0,
+                "16-byte regions");
+  static_assert(kForwardBytes <= 227 * 1024 && kBackwardBytes <= 227 * 1024, "shared memory of one block on sm_90");
+};
+
+// The window's kN rows from rows `stride` elements apart into a tile of rows LD apart,
+// asynchronously, 16 bytes a copy.
+template <class T, int D, int LD = LargeWindow<T, D>::kLd>
+__device__ __forceinline__ void copy_window_async(T* tile, const T* __restrict__ source, size_t stride) {
+  using C = LargeWindow<T, D>;
+  constexpr int kVecs = D / 8;
+  static_assert(C::kN * kVecs % C::kThreads == 0, "whole rounds");
+#pragma unroll
+  for (int x = 0; x < C::kN * kVecs / C::kThreads; ++x) {
+    const int e = threadIdx.x + x * C::kThreads, r = e / kVecs, c = e % kVecs * 8;
+    copy_async16(tile + r * LD + c, source + r * stride + c);
+  }
+}
+
+// Writes accumulators acc[n] (16 rows from `row`, columns 8n.., times `factor`) to rows `stride`
+// elements apart, 4 bytes per store.
+template <class T, int TILES>
+__device__ __forceinline__ void store_row_fragments(const float (&acc)[TILES][4], T* destination, size_t stride,
+                                                    int row, float factor, int g, int t) {
+  T* top = destination + static_cast<size_t>(row + g) * stride + 2 * t;
+  T* bottom = top + 8 * stride;
+#pragma unroll
+  for (int n = 0; n < TILES; ++n) {
+    *reinterpret_cast<uint32_t*>(top + 8 * n) = pack_pair<T>(factor * acc[n][0], factor * acc[n][1]);
+    *reinterpret_cast<uint32_t*>(bottom + 8 * n) = pack_pair<T>(factor * acc[n][2], factor * acc[n][3]);
+  }
+}
+
+// The A fragment of a 16x16 block from two side-by-side accumulator tiles (kernels/mma_fragments.cuh).
+template <class T>
+__device__ __forceinline__ void accumulators_as_a(uint32_t (&a)[4], const float (&left)[4], const float (&right)[4],
+                                                  float f0, float f1) {
+  a[0] = pack_pair<T>(left[0] * f0, left[1] * f0);
+  a[1] = pack_pair<T>(left[2] * f1, left[3] * f1);
+  a[2] = pack_pair<T>(right[0] * f0, right[1] * f0);
+  a[3] = pack_pair<T>(right[2] * f1, right[3] * f1);
+}
+
+// acc[j] += A B^T for the 16-row A at `a` (rows kLd apart) and 8-row tiles j of B from `b` on, both
+// with `depth` columns (16 per step): S = Q K^T, or S^T = K Q^T.
+template <class T, int D, int TILES>
+__device__ __forceinline__ void multiply_transposed(float (&acc)[TILES][4], const T* a, const T* b, int lane) {
+  using C = LargeWindow<T, D>;
+  static_assert(TILES % 2 == 0, "pairs of 8-row tiles");
+  // ldmatrix rows: for A, lanes 0..15 rows 0..15 at column 0, lanes 16..31 the same rows at column 8;
+  // for B^T, matrix i = lane / 8 is rows 8 (i / 2).., columns 8 (i % 2)..
+  const T* a_lane = a + (lane & 15) * C::kLd + (lane >> 4) * 8;
+  const T* b_lane = b + ((lane & 7) + (lane >> 4) * 8) * C::kLd + ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int kc = 0; kc < C::kDimSteps; ++kc) {
+    uint32_t frag[4];
+    load_matrix_x4(frag, shared_address(a_lane + 16 * kc));
+#pragma unroll
+    for (int jp = 0; jp < TILES / 2; ++jp) {
+      uint32_t pair[4];
+      load_matrix_x4(pair, shared_address(b_lane + 16 * jp * C::kLd + 16 * kc));
+      mma_16816<T>(acc[2 * jp], frag, pair[0], pair[1]);
+      mma_16816<T>(acc[2 * jp + 1], frag, pair[2], pair[3]);
+    }
+  }
+}
+
+// acc[n] += A Y for the A fragment of one 16-deep step and rows [0, 16) of the tile at y (k = the
+// tile's rows, n = its columns 8n..).
+template <class T, int D>
+__device__ __forceinline__ void fragment_times_rows(float (&acc)[D / 8][4], const uint32_t (&a)[4], const T* y,
+                                                    int lane) {
+  using C = LargeWindow<T, D>;
+  // Transposed ldmatrix: matrix i = lane / 8 is rows 8 (i % 2).., columns 8 (i / 2)..
+  const T* y_lane = y + (lane & 15) * C::kLd + (lane >> 4) * 8;
+#pragma unroll
+  for (int np = 0; np < C::kDimSteps; ++np) {
+    uint32_t pair[4];
+    load_matrix_x4_transposed(pair, shared_address(y_lane + 16 * np));
+    mma_16816<T>(acc[2 * np], a, pair[0], pair[1]);
+    mma_16816<T>(acc[2 * np + 1], a, pair[2], pair[3]);
+  }
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(LargeWindow<T, D>::kThreads, 1)
+    window_attention_forward_large_kernel(const T* __restrict__ qkv, const float* __restrict__ bias,
+                                          const float* __restrict__ mask, T* __restrict__ out, float* __restrict__ lse,
+                                          int heads, WindowDeal deal, float scale) {
+  using C = LargeWindow<T, D>;
+  constexpr int N = C::kN;
+  extern __shared__ __align__(128) unsigned char shared[];
+  T* tiles = reinterpret_cast<T*>(shared);  // [stage][Q, K, V][kN][kLd]
+  float4* table = reinterpret_cast<float4*>(shared + 2 * C::kForwardTiles * C::kTileBytes);
+  const int cls = blockIdx.x / deal.parts, part = blockIdx.x % deal.parts;
+  const int h = cls / deal.mask_windows, m = cls % deal.mask_windows;
+  const int first = part * deal.chunk, last = min(deal.per_class, first + deal.chunk);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
+  const int row = 16 * warp;  // the warp's queries
+  const size_t qkv_stride = 3 * static_cast<size_t>(heads) * D, out_stride = static_cast<size_t>(heads) * D;
+
+  auto fetch = [&](int k, int stage) {
+    const T* source =
+        qkv + (static_cast<size_t>(m) + static_cast<size_t>(deal.mask_windows) * k) * N * qkv_stride + h * D;
+    T* tile = tiles + stage * C::kForwardTiles * C::kTile;
+    copy_window_async<T, D>(tile, source, qkv_stride);
+    copy_window_async<T, D>(tile + C::kTile, source + heads * D, qkv_stride);
+    copy_window_async<T, D>(tile + 2 * C::kTile, source + 2 * heads * D, qkv_stride);
+    copy_async_commit();
+  };
+  fetch(first, 0);
+
+  // This thread's (bias + mask) log2 e at its S positions: query rows row + g (elements 0, 1) and
+  // row + g + 8 (2, 3), keys 8j + 2t (+1).
+  float4* slots = table + warp * C::kTiles * kWarpSize + lane;
+  {
+    const float* bias_h = bias + static_cast<size_t>(h) * N * N;
+    const float* mask_m = mask ? mask + static_cast<size_t>(m) * N * N : nullptr;
+#pragma unroll 6
+    for (int j = 0; j < C::kTiles; ++j) {
+      float value[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int ij = (e < 2 ? row + g : row + g + 8) * N + 8 * j + 2 * t + (e & 1);
+        value[e] = __ldg(bias_h + ij);
+        if (mask_m) value[e] += __ldg(mask_m + ij);
+      }
+      slots[j * kWarpSize] = make_float4(value[0] * kLog2e, value[1] * kLog2e, value[2] * kLog2e, value[3] * kLog2e);
+    }
+  }
+  const float qk_scale = scale * kLog2e;
+
+  for (int k = first; k < last; ++k) {
+    const int stage = (k - first) & 1;
+    if (k + 1 < last) {
+      fetch(k + 1, stage ^ 1);
+      copy_async_wait<1>();
+    } else {
+      copy_async_wait<0>();
+    }
+    __syncthreads();
+    const T* q = tiles + stage * C::kForwardTiles * C::kTile;
+    float s[C::kTiles][4];
+#pragma unroll
+    for (int j = 0; j < C::kTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    multiply_transposed<T, D, C::kTiles>(s, q + row * C::kLd, q + C::kTile, lane);
+
+    // Softmax in the log2 domain; rows g (elements 0, 1) and g + 8 (2, 3) spread over the 4 lanes t.
+    float high0 = -INFINITY, high1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < C::kTiles; ++j) {
+      const float4 add = slots[j * kWarpSize];
+      s[j][0] = fmaf(s[j][0], qk_scale, add.x);
+      s[j][1] = fmaf(s[j][1], qk_scale, add.y);
+      s[j][2] = fmaf(s[j][2], qk_scale, add.z);
+      s[j][3] = fmaf(s[j][3], qk_scale, add.w);
+      high0 = fmaxf(high0, fmaxf(s[j][0], s[j][1]));
+      high1 = fmaxf(high1, fmaxf(s[j][2], s[j][3]));
+    }
+    high0 = lane_group_max<4>(high0);
+    high1 = lane_group_max<4>(high1);
+    const float shift0 = high0 == -INFINITY ? 0.f : high0, shift1 = high1 == -INFINITY ? 0.f : high1;
+    float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < C::kTiles; ++j) {
+      s[j][0] = exp2f(s[j][0] - shift0);
+      s[j][1] = exp2f(s[j][1] - shift0);
+      s[j][2] = exp2f(s[j][2] - shift1);
+      s[j][3] = exp2f(s[j][3] - shift1);
+      sum0 += s[j][0] + s[j][1];
+      sum1 += s[j][2] + s[j][3];
+    }
+    sum0 = lane_group_sum<4>(sum0);
+    sum1 = lane_group_sum<4>(sum1);
+    const size_t window = static_cast<size_t>(m) + static_cast<size_t>(deal.mask_windows) * k;
+    if (t == 0) {
+      // +inf for a row with no key: the backward's exp(S - lse) is then 0 there.
+      float* lse_rows = lse + (window * heads + h) * N;
+      lse_rows[row + g] = sum0 > 0.f ? (shift0 + log2f(sum0)) * kLn2 : INFINITY;
+      lse_rows[row + g + 8] = sum1 > 0.f ? (shift1 + log2f(sum1)) * kLn2 : INFINITY;
+    }
+
+    // O = P V, P normalised as it is packed into A fragments.
+    const float f0 = sum0 > 0.f ? 1.f / sum0 : 0.f, f1 = sum1 > 0.f ? 1.f / sum1 : 0.f;
+    float o[C::kDimTiles][4] = {};
+#pragma unroll
+    for (int kc = 0; kc < C::kSteps; ++kc) {
+      uint32_t a[4];
+      accumulators_as_a<T>(a, s[2 * kc], s[2 * kc + 1], f0, f1);
+      fragment_times_rows<T, D>(o, a, q + 2 * C::kTile + 16 * kc * C::kLd, lane);
+    }
+    store_row_fragments<T, C::kDimTiles>(o, out + window * N * out_stride + h * D, out_stride, row, 1.f, g, t);
+    __syncthreads();  // the stage is refilled with window k + 2
+  }
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(LargeWindow<T, D>::kThreads, 1)
+    window_attention_backward_large_kernel(const T* __restrict__ qkv, const float* __restrict__ bias,
+                                           const float* __restrict__ mask, const T* __restrict__ out,
+                                           const float* __restrict__ lse, const T* __restrict__ dout,
+                                           T* __restrict__ dqkv, float* __restrict__ partials, int heads,
+                                           WindowDeal deal, float scale) {
+  using C = LargeWindow<T, D>;
+  constexpr int N = C::kN, kStages = C::kBackwardStages;
+  extern __shared__ __align__(128) unsigned char shared[];
+  T* tiles = reinterpret_cast<T*>(shared);  // [stage][Q, K, V, dO][kN][kLd]
+  unsigned char* after_tiles = shared + kStages * C::kBackwardTiles * C::kTileBytes;
+  float4* table = reinterpret_cast<float4*>(after_tiles);
+  T* ds_t = reinterpret_cast<T*>(after_tiles + C::kTableBytes);                          // dS^T [key][query]
+  T* o_tile = reinterpret_cast<T*>(after_tiles + C::kTableBytes + C::kTransposedBytes);  // O [query][D]
+  float* row_lse = reinterpret_cast<float*>(after_tiles + C::kTableBytes + C::kTransposedBytes + C::kOutBytes);
+  float* row_d = row_lse + kStages * N;  // row_lse: [stage][kN]
+  const int cls = blockIdx.x / deal.parts, part = blockIdx.x % deal.parts;
+  const int h = cls / deal.mask_windows, m = cls % deal.mask_windows;
+  const int first = part * deal.chunk, last = min(deal.per_class, first + deal.chunk);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
+  const int row = 16 * warp;  // the warp's keys (and its queries for dQ)
+  const size_t qkv_stride = 3 * static_cast<size_t>(heads) * D, out_stride = static_cast<size_t>(heads) * D;
+
+  // Q, K, V, dO and lse of window k into `stage`, O into its one buffer (read before the next fetch).
+  auto fetch = [&](int k, int stage) {
+    const size_t window = static_cast<size_t>(m) + static_cast<size_t>(deal.mask_windows) * k;
+    const T* source = qkv + window * N * qkv_stride + h * D;
+    T* tile = tiles + stage * C::kBackwardTiles * C::kTile;
+    copy_window_async<T, D>(tile, source, qkv_stride);
+    copy_window_async<T, D>(tile + C::kTile, source + heads * D, qkv_stride);
+    copy_window_async<T, D>(tile + 2 * C::kTile, source + 2 * heads * D, qkv_stride);
+    copy_window_async<T, D>(tile + 3 * C::kTile, dout + window * N * out_stride + h * D, out_stride);
+    copy_window_async<T, D, D>(o_tile, out + window * N * out_stride + h * D, out_stride);
+    if (threadIdx.x < N) copy_async4(row_lse + stage * N + threadIdx.x, lse + (window * heads + h) * N + threadIdx.x);
+    copy_async_commit();
+  };
+  fetch(first, 0);
+
+  // This thread's (bias + mask) log2 e at its S^T positions: keys row + g (elements 0, 1) and
+  // row + g + 8 (2, 3), queries 8j + 2t (+1); bias and mask are [query][key].
+  float4* slots = table + warp * C::kTiles * kWarpSize + lane;
+  {
+    const float* bias_h = bias + static_cast<size_t>(h) * N * N;
+    const float* mask_m = mask ? mask + static_cast<size_t>(m) * N * N : nullptr;
+#pragma unroll 6
+    for (int j = 0; j < C::kTiles; ++j) {
+      float value[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int ij = (8 * j + 2 * t + (e & 1)) * N + (e < 2 ? row + g : row + g + 8);
+        value[e] = __ldg(bias_h + ij);
+        if (mask_m) value[e] += __ldg(mask_m + ij);
+      }
+      slots[j * kWarpSize] = make_float4(value[0] * kLog2e, value[1] * kLog2e, value[2] * kLog2e, value[3] * kLog2e);
+    }
+  }
+  float dbias[C::kTiles][4] = {};  // dS^T at this thread's positions, summed over the block's windows
+  const float qk_scale = scale * kLog2e;
+
+  for (int k = first; k < last; ++k) {
+    const int stage = kStages == 2 ? (k - first) & 1 : 0;
+    copy_async_wait<0>();  // window k's group is the only one in flight
+    __syncthreads();
+    const T* q = tiles + stage * C::kBackwardTiles * C::kTile;
+    const T* key = q + C::kTile;
+    const T* value = q + 2 * C::kTile;
+    const T* grad = q + 3 * C::kTile;
+    const float* lse_rows = row_lse + stage * N;
+    const size_t window = static_cast<size_t>(m) + static_cast<size_t>(deal.mask_windows) * k;
+
+    // D_i = dO_i . O_i in float: lanes kVecs apart share a row, 8 elements each.
+    {
+      constexpr int kVecs = D / 8;
+      static_assert(N * kVecs % C::kThreads == 0 && kWarpSize % kVecs == 0, "whole rows per lane group");
+#pragma unroll
+      for (int x = 0; x < N * kVecs / C::kThreads; ++x) {
+        const int e = threadIdx.x + x * C::kThreads, r = e / kVecs, c = e % kVecs * 8;
+        const Vec<T, 8> o = Vec<T, 8>::load(o_tile + r * D + c);
+        const Vec<T, 8> d = Vec<T, 8>::load(grad + r * C::kLd + c);
+        float dot = 0.f;
+#pragma unroll
+        for (int y = 0; y < 8; ++y) dot += to_float(o.v[y]) * to_float(d.v[y]);
+        dot = lane_group_sum<kVecs>(dot);
+        if (c == 0) row_d[r] = dot;
+      }
+    }
+    __syncthreads();  // D complete; O's buffer is free
+    if (kStages == 2 && k + 1 < last) fetch(k + 1, stage ^ 1);
+
+    // Passes over the queries: S^T = K Q^T and dP^T = V dO^T for the warp's keys; P^T = exp(S^T -
+    // lse) recomputed in float; dS^T = P^T (dP^T - D), summed into dbias and written to dS^T in T;
+    // dV += P^T dO with P^T straight from the accumulators.
+    float dv[C::kDimTiles][4] = {};
+#pragma unroll
+    for (int pass = 0; pass < N / C::kPass; ++pass) {
+      const int query0 = pass * C::kPass;
+      float p[C::kPassTiles][4], ds[C::kPassTiles][4];
+#pragma unroll
+      for (int j = 0; j < C::kPassTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) p[j][e] = ds[j][e] = 0.f;
+      }
+      multiply_transposed<T, D, C::kPassTiles>(p, key + row * C::kLd, q + query0 * C::kLd, lane);
+      multiply_transposed<T, D, C::kPassTiles>(ds, value + row * C::kLd, grad + query0 * C::kLd, lane);
+#pragma unroll
+      for (int j = 0; j < C::kPassTiles; ++j) {
+        const int tile = pass * C::kPassTiles + j, query = 8 * tile + 2 * t;
+        const float4 add = slots[tile * kWarpSize];
+        const float2 l = *reinterpret_cast<const float2*>(lse_rows + query);
+        const float2 d = *reinterpret_cast<const float2*>(row_d + query);
+        const float l0 = l.x * kLog2e, l1 = l.y * kLog2e;
+        p[j][0] = exp2f(fmaf(p[j][0], qk_scale, add.x) - l0);
+        p[j][1] = exp2f(fmaf(p[j][1], qk_scale, add.y) - l1);
+        p[j][2] = exp2f(fmaf(p[j][2], qk_scale, add.z) - l0);
+        p[j][3] = exp2f(fmaf(p[j][3], qk_scale, add.w) - l1);
+        ds[j][0] = p[j][0] * (ds[j][0] - d.x);
+        ds[j][1] = p[j][1] * (ds[j][1] - d.y);
+        ds[j][2] = p[j][2] * (ds[j][2] - d.x);
+        ds[j][3] = p[j][3] * (ds[j][3] - d.y);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dbias[tile][e] += ds[j][e];
+        *reinterpret_cast<uint32_t*>(ds_t + (row + g) * C::kLdTransposed + query) = pack_pair<T>(ds[j][0], ds[j][1]);
+        *reinterpret_cast<uint32_t*>(ds_t + (row + g + 8) * C::kLdTransposed + query) =
+            pack_pair<T>(ds[j][2], ds[j][3]);
+      }
+#pragma unroll
+      for (int kc = 0; kc < C::kPass / 16; ++kc) {
+        uint32_t a[4];
+        accumulators_as_a<T>(a, p[2 * kc], p[2 * kc + 1], 1.f, 1.f);
+        fragment_times_rows<T, D>(dv, a, grad + (query0 + 16 * kc) * C::kLd, lane);
+      }
+    }
+    T* d_rows = dqkv + window * N * qkv_stride + h * D;
+    store_row_fragments<T, C::kDimTiles>(dv, d_rows + 2 * heads * D, qkv_stride, row, 1.f, g, t);
+    __syncthreads();  // dS^T complete
+
+    // dK = scale dS^T Q for the warp's keys (A: dS^T's rows, plain ldmatrix) and dQ = scale dS K for
+    // queries row..row + 15 (A: dS through transposed ldmatrix, matrix i = lane / 8 being keys
+    // 8 (i / 2).., queries 8 (i % 2)..).
+    {
+      float dk[C::kDimTiles][4] = {};
+      const T* a_lane = ds_t + (row + (lane & 15)) * C::kLdTransposed + (lane >> 4) * 8;
+#pragma unroll
+      for (int kc = 0; kc < C::kSteps; ++kc) {
+        uint32_t a[4];
+        load_matrix_x4(a, shared_address(a_lane + 16 * kc));
+        fragment_times_rows<T, D>(dk, a, q + 16 * kc * C::kLd, lane);
+      }
+      store_row_fragments<T, C::kDimTiles>(dk, d_rows + heads * D, qkv_stride, row, scale, g, t);
+    }
+    {
+      float dq[C::kDimTiles][4] = {};
+      const T* a_lane = ds_t + ((lane & 7) + (lane >> 4) * 8) * C::kLdTransposed + row + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int kc = 0; kc < C::kSteps; ++kc) {
+        uint32_t a[4];
+        load_matrix_x4_transposed(a, shared_address(a_lane + 16 * kc * C::kLdTransposed));
+        fragment_times_rows<T, D>(dq, a, key + 16 * kc * C::kLd, lane);
+      }
+      store_row_fragments<T, C::kDimTiles>(dq, d_rows, qkv_stride, row, scale, g, t);
+    }
+    __syncthreads();  // the stage is refilled (window k + 2, or k + 1 with one stage); dS^T rewritten
+    if (kStages == 1 && k + 1 < last) fetch(k + 1, 0);
+  }
+
+  // This block's sum of dS over its windows into its own slice (m * parts + part) of the workspace.
+  float* partial = partials + ((static_cast<size_t>(m) * deal.parts + part) * heads + h) * static_cast<size_t>(N) * N;
+#pragma unroll
+  for (int j = 0; j < C::kTiles; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      partial[(8 * j + 2 * t + (e & 1)) * N + (e < 2 ? row + g : row + g + 8)] = dbias[j][e];
+    }
+  }
+}
+
 // ---- kernel launchers
 
 template <class T>
@@ -807,22 +932,23 @@ void dispatch(DType dtype, int tokens, int head_dim, FN&& fn) {
     by_tokens(TypeTag<__nv_bfloat16>{});
 }
 
-// Slices of the backward's bias-gradient workspace (blocks per head): for 49 tokens one per block
-// of a head (mask windows x parts); otherwise as many (slice, head) blocks as are resident at once,
-// at most one per window.
+// How the backward deals the windows of a shape to its blocks.
+template <class T, int N, int D>
+WindowDeal backward_deal(const WindowAttentionShape& s) {
+  if constexpr (N == SmallWindow<T, D>::kN) {
+    return deal_windows(s, SmallWindow<T, D>::kBackwardChunk);
+  } else {
+    return deal_windows(s, LargeWindow<T, D>::kBackwardChunk);
+  }
+}
+
+// Slices of the backward's bias-gradient workspace per head: one per block of a head (mask windows
+// x parts).
 template <class T, int N, int D>
 int backward_slices(const WindowAttentionShape& s) {
   if (s.windows == 0) return 0;
-  if constexpr (N == SmallWindow<T, D>::kN) {
-    const WindowDeal deal = deal_windows(s, SmallWindow<T, D>::kBackwardChunk);
-    return deal.mask_windows * deal.parts;
-  } else {
-    using C = Config<T, N, D>;
-    allow_shared<window_attention_backward_kernel<T, N, D>>(C::kBackwardBytes);
-    static const int resident =
-        resident_blocks(window_attention_backward_kernel<T, N, D>, C::kThreads, C::kBackwardBytes);
-    return std::max(1, std::min(s.windows, resident / s.heads));
-  }
+  const WindowDeal deal = backward_deal<T, N, D>(s);
+  return deal.mask_windows * deal.parts;
 }
 
 void check_aligned(const void* p, const char* name) {
@@ -865,7 +991,6 @@ void window_attention_forward(DType dtype, const void* qkv, const void* table, c
   dispatch(dtype, s.tokens, s.head_dim, [&](auto type, auto n, auto d) {
     using T = typename decltype(type)::type;
     constexpr int N = decltype(n)::value, D = decltype(d)::value;
-    using C = Config<T, N, D>;
     window_bias_gather_kernel<T>
         <<<ceil_div(s.heads * pairs, 256), 256, 0, stream>>>(static_cast<const T*>(table), index, bias, s.heads, pairs);
     FUSEKIT_CUDA_CHECK(cudaGetLastError());
@@ -878,10 +1003,12 @@ void window_attention_forward(DType dtype, const void* qkv, const void* table, c
           static_cast<const T*>(qkv), bias, s.mask_windows > 0 ? mask : nullptr, static_cast<T*>(out), lse, s.heads,
           deal, scale);
     } else {
-      allow_shared<window_attention_forward_kernel<T, N, D>>(C::kForwardBytes);
-      window_attention_forward_kernel<T, N, D><<<s.windows * s.heads, C::kThreads, C::kForwardBytes, stream>>>(
+      using L = LargeWindow<T, D>;
+      const WindowDeal deal = deal_windows(s, L::kForwardChunk);
+      allow_shared<window_attention_forward_large_kernel<T, D>>(L::kForwardBytes);
+      window_attention_forward_large_kernel<T, D><<<deal.blocks(s.heads), L::kThreads, L::kForwardBytes, stream>>>(
           static_cast<const T*>(qkv), bias, s.mask_windows > 0 ? mask : nullptr, static_cast<T*>(out), lse, s.heads,
-          std::max(s.mask_windows, 1), scale);
+          deal, scale);
     }
     FUSEKIT_CUDA_CHECK(cudaGetLastError());
   });
@@ -915,25 +1042,24 @@ void window_attention_backward(DType dtype, const void* qkv, const float* bias, 
   dispatch(dtype, s.tokens, s.head_dim, [&](auto type, auto n, auto d) {
     using T = typename decltype(type)::type;
     constexpr int N = decltype(n)::value, D = decltype(d)::value;
-    using C = Config<T, N, D>;
     const int slices = backward_slices<T, N, D>(s);
     float* partials = static_cast<float*>(workspace);
     float* dbias = partials + static_cast<size_t>(slices) * s.heads * pairs;
-    if constexpr (N == SmallWindow<T, D>::kN) {
-      using S = SmallWindow<T, D>;
-      if (slices > 0) {
-        const WindowDeal deal = deal_windows(s, S::kBackwardChunk);
+    if (slices > 0) {
+      const WindowDeal deal = backward_deal<T, N, D>(s);
+      if constexpr (N == SmallWindow<T, D>::kN) {
+        using S = SmallWindow<T, D>;
         allow_shared<window_attention_backward_small_kernel<T, D>>(S::kBackwardBytes);
         window_attention_backward_small_kernel<T, D><<<deal.blocks(s.heads), S::kThreads, S::kBackwardBytes, stream>>>(
             static_cast<const T*>(qkv), bias, s.mask_windows > 0 ? mask : nullptr, lse, static_cast<const T*>(dout),
             static_cast<T*>(dqkv), partials, s.heads, deal, scale);
-        FUSEKIT_CUDA_CHECK(cudaGetLastError());
+      } else {
+        using L = LargeWindow<T, D>;
+        allow_shared<window_attention_backward_large_kernel<T, D>>(L::kBackwardBytes);
+        window_attention_backward_large_kernel<T, D><<<deal.blocks(s.heads), L::kThreads, L::kBackwardBytes, stream>>>(
+            static_cast<const T*>(qkv), bias, s.mask_windows > 0 ? mask : nullptr, static_cast<const T*>(out), lse,
+            static_cast<const T*>(dout), static_cast<T*>(dqkv), partials, s.heads, deal, scale);
       }
-    } else if (slices > 0) {
-      window_attention_backward_kernel<T, N, D><<<slices * s.heads, C::kThreads, C::kBackwardBytes, stream>>>(
-          static_cast<const T*>(qkv), bias, s.mask_windows > 0 ? mask : nullptr, static_cast<const T*>(out), lse,
-          static_cast<const T*>(dout), static_cast<T*>(dqkv), partials, s.windows, s.heads, std::max(s.mask_windows, 1),
-          slices, scale);
       FUSEKIT_CUDA_CHECK(cudaGetLastError());
     }
     const int count = s.heads * pairs;

@@ -24,17 +24,22 @@
 // tokens is 49 (window 7) or 144 (window 12); head_dim 32 or 64; heads 1..64. Pointers to qkv, out,
 // dout and dqkv must be 16-byte aligned.
 //
-// Design, 49 tokens (window 7): a block of 4 warps takes a run of windows that share one head and
-// one mask window, so the bias + mask it adds stay in registers for all of them; Q, K, V (and dO)
-// of the next window are copied asynchronously into a second shared-memory stage while the current
-// one is computed. Warp w owns query rows 16w..16w+15 (tokens padded to 64); S = Q K^T, the softmax
-// and P live in mma.sync m16n8k16 fragments (fp32 accumulators) and P feeds P V from registers.
-// The backward takes D_i = rowsum(P * dP) from its registers (so `out` is not read), writes P^T and
-// dS^T to shared memory for dV and dK, and sums dS over its windows in registers; each block stores
-// that sum in its own slice of `workspace`, a reduction kernel sums the slices, and a gather kernel
-// folds [heads, tokens, tokens] into the table's entries (no atomics: deterministic).
-// 144 tokens (window 12): one block per (window, head) with Q, K, V, S and P in shared memory,
-// products through nvcuda::wmma; the backward's resident blocks loop over strided windows of a head.
+// Design: a block takes a run of windows that share one head and one mask window, so the bias +
+// mask it adds is read from global memory once per block; Q, K, V (and dO) of the next window are
+// copied asynchronously into a second shared-memory stage while the current one is computed (one
+// stage only in the backward for 144 tokens of head_dim 64: it does not fit). The
+// products run on mma.sync m16n8k16 fragments (fp32 accumulators): S = Q K^T, the softmax and P live
+// in registers, and P feeds P V from registers. The backward sums its dS over the block's windows in
+// registers; each block stores that sum in its own slice of `workspace`, a reduction kernel sums the
+// slices, and a gather kernel folds [heads, tokens, tokens] into the table's entries (no atomics:
+// deterministic).
+// 49 tokens (window 7): 4 warps, warp w owns query rows 16w..16w+15 (tokens padded to 64); the bias
+// + mask stays in registers. The backward takes D_i = rowsum(P * dP) from its registers (so `out` is
+// not read) and writes P^T and dS^T to shared memory for dV and dK.
+// 144 tokens (window 12): 9 warps, no padding. A thread's share of S is 72 floats, so its bias +
+// mask goes to a float table in shared memory in fragment order, written once per block. The
+// backward's warps own keys instead of queries (S^T, dP^T in passes over the queries: dV from
+// registers, dS^T through shared memory for dK and dQ), and take D_i = dO_i . O_i from `out`.
 // The softmax and every elementwise step are in fp32.
 #pragma once
 
@@ -79,7 +84,7 @@ void window_attention_forward(DType dtype, const void* qkv, const void* table, c
                               void* out, float* bias, float* lse, const WindowAttentionShape& shape, float scale,
                               cudaStream_t stream);
 
-// Bytes of workspace window_attention_backward needs for this shape (on the current device).
+// Bytes of workspace window_attention_backward needs for this shape.
 size_t window_attention_backward_workspace_bytes(const WindowAttentionShape& shape);
 
 // dqkv and dtable from dout, with the forward's out, bias and lse.
