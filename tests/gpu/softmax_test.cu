@@ -1,9 +1,10 @@
 // Scale, mask and softmax forward and backward against the float64 reference, on fresh random
 // inputs, with every output poisoned (NaN) before the run: fp32, fp16 and bf16; every mask kind;
-// key counts 1, 31, 49, 77, 128, 333, 512, 1000, 1536, 4096, 12288, 16384, the largest register
+// key counts 1, 31, 49, 77, 100, 127, 128, 333, 512, 1000, 1536, 4096, 12288, 16384, the largest register
 // configurations (6001, 24000) and past them (20001, 40000); a single row; rows that keep no key (lengths of 0, causal
 // with more queries than keys, a window mask row of -inf), which must come out as exact zeros in y and dx; removed keys
 // exactly 0; and scores one element off 16-byte alignment, with the element before the output left untouched.
+// Unaligned rows up to 128 keys take the tile kernels (many tiles: 600 x 3 x 49 rows; a last tile cut short).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -155,7 +156,9 @@ INSTANTIATE_TEST_SUITE_P(
                                          Case{1, 1, 4, 12288, M::none}, Case{1, 2, 3, 16384, M::causal},
                                          Case{2, 1, 9, 5, M::causal}, Case{3, 1, 2, 20001, M::padding},
                                          Case{2, 2, 3, 40000, M::bias, 2}, Case{4, 2, 7, 1000, M::none, 0, true},
-                                         Case{1, 1, 3, 6001, M::causal}, Case{1, 1, 2, 24000, M::none})),
+                                         Case{1, 1, 3, 6001, M::causal}, Case{1, 1, 2, 24000, M::none},
+                                         Case{600, 3, 49, 49, M::bias, 4}, Case{7, 2, 33, 100, M::padding},
+                                         Case{3, 1, 70, 127, M::causal}, Case{5, 2, 49, 49, M::bias, 0, true})),
     case_name);
 
 }  // namespace
