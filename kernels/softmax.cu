@@ -3,10 +3,8 @@
 // Design: the row lives in registers, as in LayerNorm. A row group of TPR threads owns one row at a
 // time, each thread holding NV vectors of VEC elements (16 bytes where the key count and pointers
 // allow, else single elements): 4..32 lanes of a warp per row for rows up to 1024 elements of 16-bit
-// types, a block of 128..1024 threads per row beyond. Short rows whose length breaks 16-byte
-// alignment (Swin's 49 keys) take tile kernels instead: a block moves 64 whole rows, one contiguous
-// range, through shared memory in 16-byte vectors (element-wise loads of 98-byte rows reached only
-// 52% of the copy ceiling on the H100). Rows too long for registers take a looping
+// types (odd rows such as Swin's 49 keys take 8 lanes of 8 elements, so a warp works on 4 rows at
+// once), a block of 128..1024 threads per row beyond. Rows too long for registers take a looping
 // kernel that reads the row twice (correct for any length, slower).
 //
 // The masks become, per row, a key limit (padding, causal: keys at or past it are removed) and
@@ -14,7 +12,6 @@
 // causal forward reads only the scores it keeps. The exponentials run in base 2 on (z - max) * log2(e).
 #include <algorithm>
 #include <climits>
-#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -241,128 +238,6 @@ __global__ void softmax_backward_looping_kernel(const T* __restrict__ y, const T
   }
 }
 
-// Short rows whose length breaks 16-byte alignment (Swin's 49 keys): a block owns a tile of
-// kTileRows consecutive rows, which is one contiguous range of x (kTileRows * keys * sizeof(T) is a
-// multiple of 16 bytes, so every tile starts 16-byte aligned when the tensor does). The tile moves
-// between global and shared memory in 16-byte vectors; rows are then read from shared memory by
-// row groups of TPR lanes, one element per lane per step, and written back in place.
-constexpr int kTileRows = 64;
-constexpr int kTileThreads = 256;
-
-// The longest rows the tile kernels take: a tile of one tensor stays within 16 KB.
-template <class T>
-constexpr int kTileMaxKeys = 16 * 1024 / (kTileRows * static_cast<int>(sizeof(T)));
-
-// Moves `count` elements of a tile from global to shared memory (both 16-byte aligned at the
-// start): 16-byte vectors, then the tail element by element.
-template <class T>
-__device__ __forceinline__ void load_tile(T* __restrict__ shared, const T* __restrict__ global, int count) {
-  constexpr int kVec = 16 / sizeof(T);
-  const int vectors = count / kVec;
-  for (int i = threadIdx.x; i < vectors; i += blockDim.x)
-    reinterpret_cast<int4*>(shared)[i] = __ldcs(reinterpret_cast<const int4*>(global) + i);
-  for (int i = vectors * kVec + threadIdx.x; i < count; i += blockDim.x) shared[i] = global[i];
-}
-
-// The way back, shared to global memory.
-template <class T>
-__device__ __forceinline__ void store_tile(T* __restrict__ global, const T* __restrict__ shared, int count) {
-  constexpr int kVec = 16 / sizeof(T);
-  const int vectors = count / kVec;
-  for (int i = threadIdx.x; i < vectors; i += blockDim.x)
-    reinterpret_cast<int4*>(global)[i] = reinterpret_cast<const int4*>(shared)[i];
-  for (int i = vectors * kVec + threadIdx.x; i < count; i += blockDim.x) global[i] = shared[i];
-}
-
-// TPR lanes per row, NV = ceil(keys / TPR) <= 8 elements per lane (key j * TPR + t).
-template <class T, int TPR, int NV>
-__global__ void __launch_bounds__(kTileThreads)
-    softmax_forward_tile_kernel(const T* __restrict__ x, T* __restrict__ y, Masking<T> masking, float scale, int rows) {
-  __shared__ __align__(16) T tile[kTileRows * kTileMaxKeys<T>];
-  const int keys = masking.keys;
-  const int first = blockIdx.x * kTileRows, count = min(kTileRows, rows - first);
-  const size_t offset = static_cast<size_t>(first) * keys;
-  load_tile(tile, x + offset, count * keys);
-  __syncthreads();
-  const int group = threadIdx.x / TPR, t = threadIdx.x % TPR;
-  constexpr int kGroups = kTileThreads / TPR;
-  // Every lane of a warp runs every step (the shuffles need the whole warp); groups past the tile's
-  // last row keep no key and write nothing.
-  for (int r = group; r < kTileRows; r += kGroups) {
-    const bool valid = r < count;
-    const RowMask<T> m = valid ? masking.row(first + r) : RowMask<T>{0, nullptr, nullptr};
-    T* row = tile + r * keys;
-    float v[NV];
-    float high = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-      const int c = j * TPR + t;
-      float z = -INFINITY;
-      if (c < m.limit) {
-        z = scale * to_float(row[c]);
-        if (m.bias) z += to_float(m.bias[c]);
-        if (m.window) z += to_float(m.window[c]);
-      }
-      v[j] = z;
-      high = fmaxf(high, z);
-    }
-    high = lane_group_max<TPR>(high);
-    const float shift = high == -INFINITY ? 0.f : high;  // no key left: every exponential is 0
-    float sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-      v[j] = exp2f((v[j] - shift) * kLog2e);
-      sum += v[j];
-    }
-    sum = lane_group_sum<TPR>(sum);
-    const float inverse = sum > 0.f ? 1.f / sum : 0.f;
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-      const int c = j * TPR + t;
-      if (valid && c < keys) row[c] = from_float<T>(v[j] * inverse);
-    }
-  }
-  __syncthreads();
-  store_tile(y + offset, tile, count * keys);
-}
-
-template <class T, int TPR, int NV>
-__global__ void __launch_bounds__(kTileThreads)
-    softmax_backward_tile_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, float scale,
-                                 int rows, int keys) {
-  __shared__ __align__(16) T y_tile[kTileRows * kTileMaxKeys<T>];
-  __shared__ __align__(16) T dy_tile[kTileRows * kTileMaxKeys<T>];
-  const int first = blockIdx.x * kTileRows, count = min(kTileRows, rows - first);
-  const size_t offset = static_cast<size_t>(first) * keys;
-  load_tile(y_tile, y + offset, count * keys);
-  load_tile(dy_tile, dy + offset, count * keys);
-  __syncthreads();
-  const int group = threadIdx.x / TPR, t = threadIdx.x % TPR;
-  constexpr int kGroups = kTileThreads / TPR;
-  for (int r = group; r < kTileRows; r += kGroups) {
-    const bool valid = r < count;
-    const int base = r * keys;
-    float yv[NV], dyv[NV];
-    float dot = 0.f;
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-      const int c = j * TPR + t;
-      const bool used = valid && c < keys;
-      yv[j] = used ? to_float(y_tile[base + c]) : 0.f;
-      dyv[j] = used ? to_float(dy_tile[base + c]) : 0.f;
-      dot += yv[j] * dyv[j];
-    }
-    dot = lane_group_sum<TPR>(dot);
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-      const int c = j * TPR + t;
-      if (valid && c < keys) dy_tile[base + c] = from_float<T>(scale * yv[j] * (dyv[j] - dot));
-    }
-  }
-  __syncthreads();
-  store_tile(dx + offset, dy_tile, count * keys);
-}
-
 // ---- kernel launchers
 
 // A register configuration: TPR threads per row, NV vectors per thread.
@@ -431,62 +306,11 @@ int grid_blocks(int rows, int rows_per_block) {
   return std::max(1, std::min(ceil_div(rows, rows_per_block), 64 * multiprocessors()));
 }
 
-// The tile kernels' configuration for short unaligned rows: 8 lanes a row up to 64 keys, 16 up to
-// 128 (fp32: 64); {0, 0} where they do not apply (aligned rows take the vector kernels; longer
-// rows, or a tensor not 16-byte aligned, the general ones).
-template <class T>
-Config choose_tile_config(int keys, int vec, std::initializer_list<const void*> tensors) {
-  if (vec != 1 || keys > kTileMaxKeys<T>) return {0, 0};
-  for (const void* p : tensors) {
-    if (!aligned16(p)) return {0, 0};
-  }
-  const int tpr = keys <= 64 ? 8 : 16;
-  return {tpr, ceil_div(keys, tpr)};
-}
-
-// Calls FN with the tile configuration's compile-time TPR and NV (1..8).
-template <class FN>
-void dispatch_tile_config(Config config, FN&& fn) {
-  auto lanes = [&](auto tpr_c) {
-    switch (config.nv) {
-      case 1:
-        return fn(tpr_c, std::integral_constant<int, 1>{});
-      case 2:
-        return fn(tpr_c, std::integral_constant<int, 2>{});
-      case 3:
-        return fn(tpr_c, std::integral_constant<int, 3>{});
-      case 4:
-        return fn(tpr_c, std::integral_constant<int, 4>{});
-      case 5:
-        return fn(tpr_c, std::integral_constant<int, 5>{});
-      case 6:
-        return fn(tpr_c, std::integral_constant<int, 6>{});
-      case 7:
-        return fn(tpr_c, std::integral_constant<int, 7>{});
-      default:
-        return fn(tpr_c, std::integral_constant<int, 8>{});
-    }
-  };
-  if (config.tpr == 8)
-    lanes(std::integral_constant<int, 8>{});
-  else
-    lanes(std::integral_constant<int, 16>{});
-}
-
 template <class T>
 void forward_typed(const T* x, T* y, const Masking<T>& masking, float scale, int rows, cudaStream_t stream) {
   const int keys = masking.keys;
   const int vec = vector_width<T>(keys, {x, y, masking.bias, masking.window_mask});
   const int max_block_nv = 32 / vec >= 8 ? 8 : 4;
-  const Config tile = choose_tile_config<T>(keys, vec, {x, y});
-  if (tile.tpr > 0) {
-    dispatch_tile_config(tile, [&](auto tpr_c, auto nv_c) {
-      softmax_forward_tile_kernel<T, decltype(tpr_c)::value, decltype(nv_c)::value>
-          <<<ceil_div(rows, kTileRows), kTileThreads, 0, stream>>>(x, y, masking, scale, rows);
-    });
-    FUSEKIT_CUDA_CHECK(cudaGetLastError());
-    return;
-  }
   const Config config = choose_config(keys / vec, vec, max_block_nv);
   auto launch = [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
@@ -514,15 +338,6 @@ void forward_typed(const T* x, T* y, const Masking<T>& masking, float scale, int
 template <class T>
 void backward_typed(const T* y, const T* dy, T* dx, float scale, int rows, int keys, cudaStream_t stream) {
   const int vec = vector_width<T>(keys, {y, dy, dx});
-  const Config tile = choose_tile_config<T>(keys, vec, {y, dy, dx});
-  if (tile.tpr > 0) {
-    dispatch_tile_config(tile, [&](auto tpr_c, auto nv_c) {
-      softmax_backward_tile_kernel<T, decltype(tpr_c)::value, decltype(nv_c)::value>
-          <<<ceil_div(rows, kTileRows), kTileThreads, 0, stream>>>(y, dy, dx, scale, rows, keys);
-    });
-    FUSEKIT_CUDA_CHECK(cudaGetLastError());
-    return;
-  }
   const Config config = choose_config(keys / vec, vec, vec == 1 ? 8 : 4);
   auto launch = [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;

@@ -4,7 +4,6 @@
 // configurations (6001, 24000) and past them (20001, 40000); a single row; rows that keep no key (lengths of 0, causal
 // with more queries than keys, a window mask row of -inf), which must come out as exact zeros in y and dx; removed keys
 // exactly 0; and scores one element off 16-byte alignment, with the element before the output left untouched.
-// Unaligned rows up to 128 keys take the tile kernels (many tiles: 600 x 3 x 49 rows; a last tile cut short).
 #include <gtest/gtest.h>
 
 #include <cmath>
