@@ -10,6 +10,7 @@
 #include "kernels/bias_gelu.h"
 #include "kernels/cublas_check.h"
 #include "kernels/cuda_check.h"
+#include "kernels/skinny_linear.h"
 
 namespace fusekit::kernels {
 namespace {
@@ -242,6 +243,10 @@ void linear_forward(LinearContext& context, DType dtype, LinearEpilogue epilogue
     check_gelu_stride(shape.out_features, shape.out_stride());
     check_operands({pre});
   }
+  if (!gelu && linear_uses_skinny_path(shape)) {
+    skinny_linear_forward(dtype, shape, x, weight, bias, y, stream);
+    return;
+  }
   // y^T [N, M] = W [N, K] x^T [K, M]: A = W, stored K x N (op T); B = x, stored K x M.
   context.run({dtype, true, false, shape.out_stride(), shape.rows, shape.in_stride(),
                gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS, weight, x, y, const_cast<void*>(bias),
@@ -253,6 +258,10 @@ void linear_backward(LinearContext& context, DType dtype, const LinearShape& sha
                      const void* weight, void* dx, void* dweight, void* dbias, cudaStream_t stream) {
   check_shape(shape);
   check_operands({dy, x, weight, dweight});
+  if (linear_uses_skinny_path(shape)) {
+    skinny_linear_backward(context, dtype, shape, dy, x, weight, dx, dweight, dbias, stream);
+    return;
+  }
   // dW^T [K, N] = x^T [K, M] dy [M, N]: A = x, stored K x M; B = dy, stored N x M (op T). BGRADB sums
   // op(B) over the GEMM's k (= M): db = sum_rows(dy), N elements, one per column of D.
   context.run({dtype, false, true, shape.in_stride(), shape.out_stride(), shape.rows,

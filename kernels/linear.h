@@ -39,6 +39,18 @@
 // from layer to layer. cuBLASLt's aux matrix (pre) needs a leading dimension divisible by 8, so the
 // GELU epilogues require N % 8 == 0 or `padded`.
 //
+// Skinny unpadded shapes (kernels/skinny_linear.cu): unpadded, N and K <= 64, and N or K not a
+// multiple of 8 (Swin's unpadded window GEMMs, 401408x49x32 and 401408x32x49). Their rows are only
+// 2-byte aligned, so cuBLASLt runs its align-1 kernels, measured on the H100 (fp16, CUDA 13.0):
+// 401408x49x32 forward 53.9 us (PyTorch eager 54.0), forward + backward 626.5 us (the BGRADB
+// epilogue's align-1 kernel; eager 370, libtorch 261); 401408x32x49 forward 62.4 us, forward +
+// backward 385 us. These GEMMs are memory bound (the forward moves 65 MB: ~23 us at 2.8 TB/s), so
+// linear_forward (bias epilogue) and linear_backward take fusekit's own kernels there: whole row
+// tiles copied as contiguous 16-byte vectors, mma.sync on fragments gathered in shared memory (fp32:
+// FMA), and a backward that reads dy and x once for dx, dW and db (deterministic: per-block partials,
+// then a reduction; workspace in scratch slot 2). bias_gelu keeps cuBLASLt (it needs N % 8 == 0 or
+// padding anyway).
+//
 // LinearContext owns the cuBLASLt handle, a 32 MiB workspace and a plan per (sizes, transposes,
 // dtype, epilogue, pointer alignment): descriptors and the heuristic's algorithm, made on first use.
 // Repeated calls set only the pointers; nothing is allocated per call. One context per device; it is
@@ -99,6 +111,7 @@ class LinearContext {
 
   // Device scratch of at least `bytes`, owned by the context and kept between calls (it grows; the
   // first calls at a size allocate, later ones do not). slot: 0, 1 or 2, independent buffers.
+  // Slot 1 stays zero (linear_gelu_backward_input); slot 2 holds the skinny backward's partials.
   void* scratch(int slot, size_t bytes);
 
  private:

@@ -3,7 +3,9 @@
 // unpadded; rows 1, 7, 333; out_features 8, 49, 56, 768; in_features 8, 32, 49, 768. Each stage is
 // checked on the inputs it was given: the GELU backward on the pre-activation the forward stored,
 // the weight and input gradients of a bias_gelu layer on the dpre the GELU backward stored. Padded
-// runs must leave every pad column zero and agree with unpadded runs.
+// runs must leave every pad column zero and agree with unpadded runs. Unpadded shapes with features
+// <= 64 that are not multiples of 8 take the skinny kernels (kernels/skinny_linear.cu): LinearSkinnyTest
+// checks them on their own, on fp32, fp16 and bf16, aligned and misaligned operands.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,6 +19,7 @@
 #include "gpu_test_support.h"
 #include "kernels/linear.h"
 #include "kernels/reference/linear.h"
+#include "kernels/skinny_linear.h"
 
 namespace fusekit::kernels {
 namespace {
@@ -336,6 +339,132 @@ std::string param_name(const ::testing::TestParamInfo<Param>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest, ::testing::ValuesIn(params()), param_name);
+
+// ---- the skinny path (kernels/skinny_linear.cu): unpadded, N and K <= 64, N or K not a multiple of 8
+
+// A device operand `offset` elements past a 16-byte aligned allocation (offset 1: only element-aligned,
+// the kernels' fallback from 16-byte vectors), poisoned (NaN) until uploaded.
+struct Operand {
+  size_t count;
+  int offset;
+  DType dtype;
+  Buffer buffer;
+  Operand(size_t count_, int offset_, DType dtype_)
+      : count(count_), offset(offset_), dtype(dtype_), buffer(count_ + offset_, dtype_) {}
+  void upload(std::vector<double>& values) {  // values: rounded to the storage type in place
+    std::vector<double> shifted(offset, 0.0);
+    shifted.insert(shifted.end(), values.begin(), values.end());
+    buffer.upload(shifted);
+    values.assign(shifted.begin() + offset, shifted.end());
+  }
+  std::vector<double> download() const {
+    const std::vector<double> all = buffer.download();
+    return std::vector<double>(all.begin() + offset, all.end());
+  }
+  void* get() const { return static_cast<char*>(buffer.get()) + offset * dtype_size(dtype); }
+};
+
+struct SkinnyParam {
+  DType dtype;
+  Shape shape;
+};
+
+class LinearSkinnyTest : public ::testing::TestWithParam<SkinnyParam> {};
+
+// Forward and backward (full, without dx, without db) against the float64 reference, every output
+// poisoned before its call; with 16-byte aligned operands and with operands one element off (the
+// element-copy fallback). No cuBLASLt plan may be made: the skinny kernels must have run.
+TEST_P(LinearSkinnyTest, EveryOutputMatchesFloat64Reference) {
+  FUSEKIT_REQUIRE_GPU();
+  const SkinnyParam p = GetParam();
+  const int M = p.shape.M, N = p.shape.N, K = p.shape.K;
+  const LinearShape shape{M, N, K, false};
+  ASSERT_TRUE(linear_uses_skinny_path(shape));
+  const double tol = tolerance(p.dtype);
+  LinearContext context;
+  for (const int offset : {0, 1}) {
+    SCOPED_TRACE(offset == 0 ? "16-byte aligned operands" : "operands one element off 16-byte alignment");
+    Inputs in = random_inputs(M, N, K);
+    Operand x(size_t(M) * K, offset, p.dtype), weight(size_t(N) * K, offset, p.dtype), bias(N, offset, p.dtype),
+        dy(size_t(M) * N, offset, p.dtype);
+    x.upload(in.x);
+    weight.upload(in.weight);
+    bias.upload(in.bias);
+    dy.upload(in.dy);
+    const auto forward = reference::linear_forward(in.x, in.weight, in.bias, M, N, K, false);
+    const auto grad = reference::linear_backward(in.dy, in.x, in.weight, M, N, K);
+
+    Operand y(size_t(M) * N, offset, p.dtype);
+    linear_forward(context, p.dtype, LinearEpilogue::bias, shape, x.get(), weight.get(), bias.get(), y.get(), nullptr,
+                   nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_LT(relative_error(y.download(), forward.y), tol) << "y";
+
+    for (const bool with_dx : {true, false}) {
+      for (const bool with_dbias : {true, false}) {
+        if (!with_dx && !with_dbias) continue;
+        SCOPED_TRACE(std::string(with_dx ? "dx" : "no dx") + ", " + (with_dbias ? "dbias" : "no dbias"));
+        Operand dx(size_t(M) * K, offset, p.dtype), dweight(size_t(N) * K, offset, p.dtype), dbias(N, offset, p.dtype);
+        linear_backward(context, p.dtype, shape, dy.get(), x.get(), weight.get(), with_dx ? dx.get() : nullptr,
+                        dweight.get(), with_dbias ? dbias.get() : nullptr, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_LT(relative_error(dweight.download(), grad.dweight), tol) << "dweight";
+        if (with_dx) EXPECT_LT(relative_error(dx.download(), grad.dx), tol) << "dx";
+        if (with_dbias) EXPECT_LT(relative_error(dbias.download(), grad.dbias), tol) << "dbias";
+      }
+    }
+  }
+  EXPECT_EQ(context.plans(), 0u);
+}
+
+// The backward adds per-block partials in a fixed order: the same inputs give the same bits.
+TEST(LinearSkinny, BackwardIsDeterministic) {
+  FUSEKIT_REQUIRE_GPU();
+  const int M = 65537, N = 49, K = 32;
+  const LinearShape shape{M, N, K, false};
+  LinearContext context;
+  for (const DType dtype : {DType::f16, DType::f32}) {
+    Inputs in = random_inputs(M, N, K);
+    Operand x(size_t(M) * K, 0, dtype), weight(size_t(N) * K, 0, dtype), dy(size_t(M) * N, 0, dtype);
+    x.upload(in.x);
+    weight.upload(in.weight);
+    dy.upload(in.dy);
+    std::vector<double> first_dweight, first_dbias;
+    for (int run = 0; run < 2; ++run) {
+      Operand dx(size_t(M) * K, 0, dtype), dweight(size_t(N) * K, 0, dtype), dbias(N, 0, dtype);
+      linear_backward(context, dtype, shape, dy.get(), x.get(), weight.get(), dx.get(), dweight.get(), dbias.get(),
+                      nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      if (run == 0) {
+        first_dweight = dweight.download();
+        first_dbias = dbias.download();
+      } else {
+        EXPECT_EQ(dweight.download(), first_dweight) << dtype_name(dtype);
+        EXPECT_EQ(dbias.download(), first_dbias) << dtype_name(dtype);
+      }
+    }
+  }
+}
+
+std::vector<SkinnyParam> skinny_params() {
+  // One row; a partial last tile; K odd and N a multiple of 8; sizes 7 and 63; several tiles per
+  // block; the smallest layer; N at the maximum with K = 17.
+  const Shape shapes[] = {{1, 49, 32},     {37, 49, 32}, {1000, 32, 49}, {4099, 7, 63},
+                          {65537, 49, 32}, {3, 1, 1},    {200, 64, 17}};
+  std::vector<SkinnyParam> out;
+  for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    for (const Shape s : shapes) out.push_back({dtype, s});
+  }
+  return out;
+}
+
+std::string skinny_param_name(const ::testing::TestParamInfo<SkinnyParam>& info) {
+  const SkinnyParam& p = info.param;
+  return std::string(dtype_name(p.dtype)) + "_" + std::to_string(p.shape.M) + "x" + std::to_string(p.shape.N) + "x" +
+         std::to_string(p.shape.K);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LinearSkinnyTest, ::testing::ValuesIn(skinny_params()), skinny_param_name);
 
 }  // namespace
 }  // namespace fusekit::kernels

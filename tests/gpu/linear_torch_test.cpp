@@ -2,6 +2,7 @@
 // at::gelu(approximate="tanh")): every output and gradient (y, pre, dpre, dx, dW, db) may be at most
 // twice as far from a float64 computation as PyTorch's own result in the same dtype, with a floor
 // for fp32, where both are at rounding level. Padded runs are compared on their unpadded part.
+// Unpadded shapes with odd feature sizes <= 64 run the skinny kernels instead of cuBLASLt.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -108,7 +109,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearTorchTest,
                                            Param{kernels::DType::bf16, true, 333, 49, 49, true},
                                            Param{kernels::DType::f16, true, 1, 56, 49, true},
                                            Param{kernels::DType::f32, true, 300, 256, 128, false},
-                                           Param{kernels::DType::f32, false, 7, 49, 768, false}),
+                                           Param{kernels::DType::f32, false, 7, 49, 768, false},
+                                           // Unpadded odd sizes <= 64: the skinny kernels (kernels/skinny_linear.cu).
+                                           Param{kernels::DType::bf16, false, 4099, 32, 49, false},
+                                           Param{kernels::DType::f16, false, 65537, 49, 32, false},
+                                           Param{kernels::DType::f32, false, 1000, 7, 63, false}),
                          param_name);
 
 }  // namespace
