@@ -244,7 +244,7 @@ void linear_forward(LinearContext& context, DType dtype, LinearEpilogue epilogue
     check_operands({pre});
   }
   if (!gelu && linear_uses_skinny_path(shape)) {
-    skinny_linear_forward(dtype, shape, x, weight, bias, y, stream);
+    skinny_linear_forward(dtype, skinny_extents(shape), x, weight, bias, y, stream);
     return;
   }
   // y^T [N, M] = W [N, K] x^T [K, M]: A = W, stored K x N (op T); B = x, stored K x M.
@@ -259,7 +259,7 @@ void linear_backward(LinearContext& context, DType dtype, const LinearShape& sha
   check_shape(shape);
   check_operands({dy, x, weight, dweight});
   if (linear_uses_skinny_path(shape)) {
-    skinny_linear_backward(context, dtype, shape, dy, x, weight, dx, dweight, dbias, stream);
+    skinny_linear_backward(context, dtype, skinny_extents(shape), dy, x, weight, dx, dweight, dbias, stream);
     return;
   }
   // dW^T [K, N] = x^T [K, M] dy [M, N]: A = x, stored K x M; B = dy, stored N x M (op T). BGRADB sums

@@ -48,8 +48,9 @@
 // linear_forward (bias epilogue) and linear_backward take fusekit's own kernels there: whole row
 // tiles copied as contiguous 16-byte vectors, mma.sync on fragments gathered in shared memory (fp32:
 // FMA), and a backward that reads dy and x once for dx, dW and db (deterministic: per-block partials,
-// then a reduction; workspace in scratch slot 2). bias_gelu keeps cuBLASLt (it needs N % 8 == 0 or
-// padding anyway).
+// then a reduction; workspace in scratch slot 2). Padded shapes whose padded extents are at most 64
+// take them too (over the padded extents). bias_gelu keeps cuBLASLt (it needs N % 8 == 0 or padding
+// anyway).
 //
 // LinearContext owns the cuBLASLt handle, a 32 MiB workspace and a plan per (sizes, transposes,
 // dtype, epilogue, pointer alignment): descriptors and the heuristic's algorithm, made on first use.

@@ -489,7 +489,7 @@ int persistent_grid(Kernel kernel, size_t shared_bytes, int tiles) {
 }
 
 void check_skinny(const LinearShape& shape) {
-  if (!linear_uses_skinny_path(shape)) {
+  if (shape.padded || shape.out_features > kSkinnyMaxFeatures || shape.in_features > kSkinnyMaxFeatures) {
     throw std::invalid_argument("linear: the skinny kernels take unpadded shapes with features <= 64 (got " +
                                 std::to_string(shape.rows) + "x" + std::to_string(shape.out_features) + "x" +
                                 std::to_string(shape.in_features) + ")");

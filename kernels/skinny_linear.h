@@ -13,13 +13,21 @@ namespace fusekit::kernels {
 
 constexpr int kSkinnyMaxFeatures = 64;
 
-// True where linear_forward (bias epilogue) and linear_backward take the skinny kernels.
+// True where linear_forward (bias epilogue) and linear_backward take the skinny kernels: extents of at
+// most 64 where cuBLASLt would run unaligned kernels (a feature size not a multiple of 8) or the
+// shape is padded (Swin's 49 -> 56: the kernels then run over the padded extents, as the GEMMs would;
+// measured on the H100 against cuBLASLt on the same padded sizes).
 inline bool linear_uses_skinny_path(const LinearShape& shape) {
-  return !shape.padded && (shape.out_features % 8 != 0 || shape.in_features % 8 != 0) &&
-         shape.out_features <= kSkinnyMaxFeatures && shape.in_features <= kSkinnyMaxFeatures;
+  return (shape.padded || shape.out_features % 8 != 0 || shape.in_features % 8 != 0) &&
+         shape.out_stride() <= kSkinnyMaxFeatures && shape.in_stride() <= kSkinnyMaxFeatures;
 }
 
-// y = x W^T + b.
+// The unpadded shape the skinny kernels compute: the extents the operands are stored with.
+inline LinearShape skinny_extents(const LinearShape& shape) {
+  return {shape.rows, shape.out_stride(), shape.in_stride(), false};
+}
+
+// y = x W^T + b, for an unpadded shape (skinny_extents) with features <= 64.
 void skinny_linear_forward(DType dtype, const LinearShape& shape, const void* x, const void* weight, const void* bias,
                            void* y, cudaStream_t stream);
 
