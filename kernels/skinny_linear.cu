@@ -96,6 +96,48 @@ __device__ __forceinline__ uint32_t element_bits(const uint16_t* __restrict__ p,
   return in ? p[i] : 0u;
 }
 
+// One warp's 16 rows (r0 = m0 + g, r1 = r0 + 8) of a packed shared tile (row stride `inner`) times
+// the B fragments of a resident matrix: acc[j] += A(16 x 16 at column 16 kt) B(kt, j) for kt < KT,
+// j < NT, fragment (kt, j) at fragments[(kt * NT + j) * 32 + lane]. Columns past `inner` are zero.
+template <class T, int KT, int NT>
+__device__ __forceinline__ void rows_times_fragments(float (&acc)[NT][4], const uint16_t* tile, int inner, int r0,
+                                                     int r1, int t, const uint2* fragments, int lane) {
+#pragma unroll
+  for (int kt = 0; kt < KT; ++kt) {
+    const int c = kt * 16 + 2 * t;
+    const bool c0 = c < inner, c1 = c + 1 < inner, c8 = c + 8 < inner, c9 = c + 9 < inner;
+    const uint32_t a[4] = {gather_pair(tile, r0 * inner + c, c0, r0 * inner + c + 1, c1),
+                           gather_pair(tile, r1 * inner + c, c0, r1 * inner + c + 1, c1),
+                           gather_pair(tile, r0 * inner + c + 8, c8, r0 * inner + c + 9, c9),
+                           gather_pair(tile, r1 * inner + c + 8, c8, r1 * inner + c + 9, c9)};
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const uint2 b = fragments[(kt * NT + j) * kWarpSize + lane];
+      mma_16816<T>(acc[j], a, b.x, b.y);
+    }
+  }
+}
+
+// Writes the accumulators of rows r0, r1 into a packed shared stage of `columns` columns (plus
+// add[j][0..1] where kAdd: the bias), converted to T; columns past the end are dropped.
+template <class T, int NT, bool kAdd>
+__device__ __forceinline__ void stage_fragment_rows(T* stage, int columns, int r0, int r1, int t,
+                                                    const float (&acc)[NT][4], const float (&add)[NT][2]) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int n = j * 8 + 2 * t;
+    const float a0 = kAdd ? add[j][0] : 0.f, a1 = kAdd ? add[j][1] : 0.f;
+    if (n < columns) {
+      stage[r0 * columns + n] = from_float<T>(kAdd ? acc[j][0] + a0 : acc[j][0]);
+      stage[r1 * columns + n] = from_float<T>(kAdd ? acc[j][2] + a0 : acc[j][2]);
+    }
+    if (n + 1 < columns) {
+      stage[r0 * columns + n + 1] = from_float<T>(kAdd ? acc[j][1] + a1 : acc[j][1]);
+      stage[r1 * columns + n + 1] = from_float<T>(kAdd ? acc[j][3] + a1 : acc[j][3]);
+    }
+  }
+}
+
 // y = x W^T + b, fp16/bf16. Warp w computes the m-tiles w, w + 8, ... (16 rows each) of every tile
 // its block visits, all N_pad columns: acc[j] is columns 8j .. 8j + 7.
 template <class T, int KP, int NP>
@@ -143,33 +185,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int m0 = warp * 16; m0 < rows; m0 += kWarps * 16) {
       const int r0 = m0 + g, r1 = r0 + 8;
       float acc[NT][4] = {};
-#pragma unroll
-      for (int kt = 0; kt < KT; ++kt) {
-        const int c = kt * 16 + 2 * t;
-        const bool c0 = c < K, c1 = c + 1 < K, c8 = c + 8 < K, c9 = c + 9 < K;
-        const uint32_t a[4] = {gather_pair(xs, r0 * K + c, c0, r0 * K + c + 1, c1),
-                               gather_pair(xs, r1 * K + c, c0, r1 * K + c + 1, c1),
-                               gather_pair(xs, r0 * K + c + 8, c8, r0 * K + c + 9, c9),
-                               gather_pair(xs, r1 * K + c + 8, c8, r1 * K + c + 9, c9)};
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          const uint2 b = w_fragments[(kt * NT + j) * kWarpSize + lane];
-          mma_16816<T>(acc[j], a, b.x, b.y);
-        }
-      }
+      rows_times_fragments<T, KT, NT>(acc, xs, K, r0, r1, t, w_fragments, lane);
       // Rows past the tile's end are computed from stale shared memory and never leave the stage.
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const int n = j * 8 + 2 * t;
-        if (n < N) {
-          y_stage[r0 * N + n] = from_float<T>(acc[j][0] + bias_pair[j][0]);
-          y_stage[r1 * N + n] = from_float<T>(acc[j][2] + bias_pair[j][0]);
-        }
-        if (n + 1 < N) {
-          y_stage[r0 * N + n + 1] = from_float<T>(acc[j][1] + bias_pair[j][1]);
-          y_stage[r1 * N + n + 1] = from_float<T>(acc[j][3] + bias_pair[j][1]);
-        }
-      }
+      stage_fragment_rows<T, NT, true>(y_stage, N, r0, r1, t, acc, bias_pair);
     }
     __syncthreads();  // y_stage complete; also: every warp is done with this x stage
     store_range(y + static_cast<size_t>(tile) * tile_rows * N, y_stage, rows * N, vector_y);
@@ -233,32 +251,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int m0 = warp * 16; m0 < rows; m0 += kWarps * 16) {
         const int r0 = m0 + g, r1 = r0 + 8;
         float acc[KJ][4] = {};
-#pragma unroll
-        for (int ns = 0; ns < NS; ++ns) {
-          const int c = ns * 16 + 2 * t;
-          const bool c0 = c < N, c1 = c + 1 < N, c8 = c + 8 < N, c9 = c + 9 < N;
-          const uint32_t a[4] = {gather_pair(dys, r0 * N + c, c0, r0 * N + c + 1, c1),
-                                 gather_pair(dys, r1 * N + c, c0, r1 * N + c + 1, c1),
-                                 gather_pair(dys, r0 * N + c + 8, c8, r0 * N + c + 9, c9),
-                                 gather_pair(dys, r1 * N + c + 8, c8, r1 * N + c + 9, c9)};
-#pragma unroll
-          for (int j = 0; j < KJ; ++j) {
-            const uint2 b = w_fragments[(ns * KJ + j) * kWarpSize + lane];
-            mma_16816<T>(acc[j], a, b.x, b.y);
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < KJ; ++j) {
-          const int k = j * 8 + 2 * t;
-          if (k < K) {
-            dx_stage[r0 * K + k] = from_float<T>(acc[j][0]);
-            dx_stage[r1 * K + k] = from_float<T>(acc[j][2]);
-          }
-          if (k + 1 < K) {
-            dx_stage[r0 * K + k + 1] = from_float<T>(acc[j][1]);
-            dx_stage[r1 * K + k + 1] = from_float<T>(acc[j][3]);
-          }
-        }
+        rows_times_fragments<T, NS, KJ>(acc, dys, N, r0, r1, t, w_fragments, lane);
+        const float none[KJ][2] = {};
+        stage_fragment_rows<T, KJ, false>(dx_stage, K, r0, r1, t, acc, none);
       }
     }
 
