@@ -197,6 +197,45 @@ __device__ __forceinline__ void row_scores(float (&s)[SmallWindow<T, D>::kKeyTil
   }
 }
 
+// The softmax numerators of a warp's scores in fragments (log2 domain), rows g (elements 0, 1) and
+// g + 8 (2, 3), each spread over the 4 lanes t, given the lanes' own row maxima high0, high1:
+// s = exp2(s - shift) with shift the row maximum (0 for a row with no key: every term is then 0),
+// and the row sums of the results.
+template <int TILES>
+__device__ __forceinline__ void exponentiate_rows(float (&s)[TILES][4], float high0, float high1, float& shift0,
+                                                  float& shift1, float& sum0, float& sum1) {
+  high0 = lane_group_max<4>(high0);
+  high1 = lane_group_max<4>(high1);
+  shift0 = high0 == -INFINITY ? 0.f : high0;
+  shift1 = high1 == -INFINITY ? 0.f : high1;
+  sum0 = 0.f;
+  sum1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < TILES; ++j) {
+    s[j][0] = exp2f(s[j][0] - shift0);
+    s[j][1] = exp2f(s[j][1] - shift0);
+    s[j][2] = exp2f(s[j][2] - shift1);
+    s[j][3] = exp2f(s[j][3] - shift1);
+    sum0 += s[j][0] + s[j][1];
+    sum1 += s[j][2] + s[j][3];
+  }
+  sum0 = lane_group_sum<4>(sum0);
+  sum1 = lane_group_sum<4>(sum1);
+}
+
+// acc[n] += A Y for A one 16 x 16 fragment and Y rows [16 kc, 16 kc + 16) of a tile (n: columns 8n..).
+template <class T, int D>
+__device__ __forceinline__ void fragment_times_tile_rows(float (&acc)[SmallWindow<T, D>::kDimTiles][4],
+                                                         const uint32_t (&frag)[4], const T* y, int kc, int g, int t) {
+  using C = SmallWindow<T, D>;
+  const T* rows = y + (16 * kc + 2 * t) * C::kLd + g;
+#pragma unroll
+  for (int n = 0; n < C::kDimTiles; ++n) {
+    const T* p = rows + 8 * n;
+    mma_16816<T>(acc[n], frag, pack_elements(p, p + C::kLd), pack_elements(p + 8 * C::kLd, p + 9 * C::kLd));
+  }
+}
+
 // acc[n] += X Y for X the 16 x 64 fragments x[j] (8-column tiles, scaled per row by f0 for rows g
 // and f1 for rows g + 8) and Y rows [0, 64) of a tile (k = tile row, n = column 8n + g).
 template <class T, int D>
@@ -216,12 +255,7 @@ __device__ __forceinline__ void fragments_times_tile(float (&acc)[SmallWindow<T,
     } else {
       frag[2] = frag[3] = 0u;
     }
-    const T* rows = y + (16 * kc + 2 * t) * C::kLd + g;
-#pragma unroll
-    for (int n = 0; n < C::kDimTiles; ++n) {
-      const T* p = rows + 8 * n;
-      mma_16816<T>(acc[n], frag, pack_elements(p, p + C::kLd), pack_elements(p + 8 * C::kLd, p + 9 * C::kLd));
-    }
+    fragment_times_tile_rows<T, D>(acc, frag, y, kc, g, t);
   }
 }
 
@@ -237,12 +271,7 @@ __device__ __forceinline__ void transposed_times_tile(float (&acc)[SmallWindow<T
     const T* top = a + (row + g) * C::kLdTransposed + col;
     const T* bottom = top + 8 * C::kLdTransposed;
     const uint32_t frag[4] = {load_pair(top), load_pair(bottom), load_pair(top + 8), load_pair(bottom + 8)};
-    const T* rows = y + (16 * kc + 2 * t) * C::kLd + g;
-#pragma unroll
-    for (int n = 0; n < C::kDimTiles; ++n) {
-      const T* p = rows + 8 * n;
-      mma_16816<T>(acc[n], frag, pack_elements(p, p + C::kLd), pack_elements(p + 8 * C::kLd, p + 9 * C::kLd));
-    }
+    fragment_times_tile_rows<T, D>(acc, frag, y, kc, g, t);
   }
 }
 
@@ -320,21 +349,8 @@ __global__ void __launch_bounds__(SmallWindow<T, D>::kThreads)
       high0 = fmaxf(high0, fmaxf(s[j][0], s[j][1]));
       high1 = fmaxf(high1, fmaxf(s[j][2], s[j][3]));
     }
-    high0 = lane_group_max<4>(high0);
-    high1 = lane_group_max<4>(high1);
-    const float shift0 = high0 == -INFINITY ? 0.f : high0, shift1 = high1 == -INFINITY ? 0.f : high1;
-    float sum0 = 0.f, sum1 = 0.f;
-#pragma unroll
-    for (int j = 0; j < C::kKeyTiles; ++j) {
-      s[j][0] = exp2f(s[j][0] - shift0);
-      s[j][1] = exp2f(s[j][1] - shift0);
-      s[j][2] = exp2f(s[j][2] - shift1);
-      s[j][3] = exp2f(s[j][3] - shift1);
-      sum0 += s[j][0] + s[j][1];
-      sum1 += s[j][2] + s[j][3];
-    }
-    sum0 = lane_group_sum<4>(sum0);
-    sum1 = lane_group_sum<4>(sum1);
+    float shift0, shift1, sum0, sum1;
+    exponentiate_rows(s, high0, high1, shift0, shift1, sum0, sum1);
     const size_t window = static_cast<size_t>(m) + static_cast<size_t>(deal.mask_windows) * k;
     if (t == 0) {
       // +inf for a row with no key: the backward's exp(S - lse) is then 0 there.
@@ -690,21 +706,8 @@ __global__ void __launch_bounds__(LargeWindow<T, D>::kThreads, 1)
       high0 = fmaxf(high0, fmaxf(s[j][0], s[j][1]));
       high1 = fmaxf(high1, fmaxf(s[j][2], s[j][3]));
     }
-    high0 = lane_group_max<4>(high0);
-    high1 = lane_group_max<4>(high1);
-    const float shift0 = high0 == -INFINITY ? 0.f : high0, shift1 = high1 == -INFINITY ? 0.f : high1;
-    float sum0 = 0.f, sum1 = 0.f;
-#pragma unroll
-    for (int j = 0; j < C::kTiles; ++j) {
-      s[j][0] = exp2f(s[j][0] - shift0);
-      s[j][1] = exp2f(s[j][1] - shift0);
-      s[j][2] = exp2f(s[j][2] - shift1);
-      s[j][3] = exp2f(s[j][3] - shift1);
-      sum0 += s[j][0] + s[j][1];
-      sum1 += s[j][2] + s[j][3];
-    }
-    sum0 = lane_group_sum<4>(sum0);
-    sum1 = lane_group_sum<4>(sum1);
+    float shift0, shift1, sum0, sum1;
+    exponentiate_rows(s, high0, high1, shift0, shift1, sum0, sum1);
     const size_t window = static_cast<size_t>(m) + static_cast<size_t>(deal.mask_windows) * k;
     if (t == 0) {
       // +inf for a row with no key: the backward's exp(S - lse) is then 0 there.
