@@ -13,10 +13,15 @@ mkdir -p "$OUT_DIR"
 if ! nvidia-smi -L >/dev/null 2>&1; then
   echo "fusekit: no GPU on this machine: rendering the shipped evidence instead of measuring"
   found=0
-  for db in "$ROOT"/evidence/*/*.db; do
+  for db in "$ROOT"/evidence/*/*.db "$ROOT"/evidence/*/*.db.xz; do
     [ -e "$db" ] || continue
     found=1
-    name="$(basename "$(dirname "$db")")-$(basename "$db" .db)"
+    name="$(basename "$(dirname "$db")")-$(basename "${db%.xz}" .db)"
+    if [[ "$db" == *.xz ]]; then  # the suite stores ship compressed (scripts/compact_store.py)
+      command -v xz >/dev/null || { echo "fusekit: xz is missing: skipping $db"; continue; }
+      xz -dc "$db" >"$OUT_DIR/$name.db"
+      db="$OUT_DIR/$name.db"
+    fi
     "$FUSEKIT" summary --db "$db" --top 15
     "$FUSEKIT" report --db "$db" --format html -o "$OUT_DIR/$name.html"
     "$FUSEKIT" report --db "$db" --format md -o "$OUT_DIR/$name.md"
