@@ -112,7 +112,8 @@ class LinearContext {
 
   // Device scratch of at least `bytes`, owned by the context and kept between calls (it grows; the
   // first calls at a size allocate, later ones do not). slot: 0, 1 or 2, independent buffers.
-  // Slot 1 stays zero (linear_gelu_backward_input); slot 2 holds the skinny backward's partials.
+  // Slot 1 stays zero (linear_gelu_backward_input); slot 2 is the GELU backward's workspace there and
+  // the skinny backward's partials: calls that share a context must run on one stream, in order.
   void* scratch(int slot, size_t bytes);
 
  private:

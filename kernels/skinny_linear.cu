@@ -1,14 +1,15 @@
-// The linear layer for skinny unpadded shapes: K, N <= 64 with a feature size that is not a multiple
-// of 8 (Swin's 49-token window GEMMs), where every row is only 2-byte aligned and cuBLASLt runs its
-// align-1 kernels (kernels/linear.h has the numbers). The GEMMs are memory bound, so the kernels are
-// built around the bytes:
+// The linear layer for skinny shapes: K, N <= 64 (Swin's 49-token window GEMMs), unpadded with a
+// feature size that is not a multiple of 8, where every row is only 2-byte aligned and cuBLASLt runs
+// its align-1 kernels, or padded (run over the padded extents; kernels/linear.h has the numbers). The
+// GEMMs are memory bound, so the kernels are built around the bytes:
 //
 //   forward:  y = x W^T + b
 //   backward: dx = dy W,  dW = dy^T x,  db = sum_rows(dy)
 //
 // x: [M, K], W: [N, K], b: [N], y, dy: [M, N], dx: [M, K], row-major and dense. A tile of R
-// consecutive rows (R a multiple of 128) is one contiguous byte range of x, of y, of dy and of dx,
-// and with a 16-byte aligned base every tile's range starts 16-byte aligned whatever K and N are.
+// consecutive rows (R * sizeof(T) a multiple of 16 bytes: 256 or 128 rows of 16-bit types, 64 of
+// fp32) is one contiguous byte range of x, of y, of dy and of dx, and with a 16-byte aligned base
+// every tile's range starts 16-byte aligned whatever K and N are.
 // So a block copies whole tiles with 16-byte vectors (cp.async, double-buffered: the next tile loads
 // while this one computes), the last tile's tail element by element, into shared memory, where the
 // rows sit densely packed (row r at r * K); the mma fragments are gathered from there with 16-bit
@@ -22,8 +23,9 @@
 // Backward: one kernel reads each tile of dy and x once and writes dx for the tile, while every
 // block accumulates dW and db for the rows it visited in registers (dW with mma over the tile's rows,
 // db as the product of dy^T with a column of ones); each block writes its partial sums once, and
-// layernorm_rows::parameter_gradient_kernel adds the blocks' partials in a fixed order: deterministic,
-// no atomics. The backward grid is one wave of resident blocks.
+// layernorm_rows::parameter_gradient_kernel adds the blocks' partials in a fixed order: no atomics,
+// and the same bits on every run on one device (the rows' split into partials follows the grid: one
+// wave of resident blocks, so the device's multiprocessor count and occupancy).
 #include "kernels/skinny_linear.h"
 
 #include <cuda_bf16.h>
@@ -31,8 +33,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 #include "kernels/common.cuh"
@@ -44,7 +50,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarpSize;
-// Rows per tile: a multiple of 128, so that every tile's byte range starts 16-byte aligned.
+// Rows per tile: R * sizeof(T) a multiple of 16, so that every tile's byte range starts 16-byte aligned.
 constexpr int kForwardTileRows16 = 256;  // fp16/bf16 forward: 8 warps x 2 m-tiles of 16 rows
 constexpr int kBackwardTileRows16 = 128;
 constexpr int kTileRows32 = 64;  // fp32
@@ -463,6 +469,8 @@ __global__ void __launch_bounds__(kThreads)
 // Calls FN with the compile-time padded sizes K_pad, N_pad in {32, 64}.
 template <class FN>
 void dispatch_padded_sizes(int K, int N, FN&& fn) {
+  static_assert(kSkinnyMaxFeatures <= 64, "the kernels are instantiated for padded sizes 32 and 64 only");
+  if (K > 64 || N > 64) throw std::logic_error("linear: no skinny kernel for features past 64");
   using k32 = std::integral_constant<int, 32>;
   using k64 = std::integral_constant<int, 64>;
   if (K <= 32 && N <= 32)
@@ -475,15 +483,36 @@ void dispatch_padded_sizes(int K, int N, FN&& fn) {
     fn(k64{}, k64{});
 }
 
-// The persistent grid: one block per tile, at most as many as are resident at once.
+// The persistent grid: one block per tile, at most as many as are resident at once. The shared-memory
+// attribute and the occupancy query run once per (kernel, bytes) and device, not per call.
 template <class Kernel>
 int persistent_grid(Kernel kernel, size_t shared_bytes, int tiles) {
-  FUSEKIT_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)));
-  return std::max(1, std::min(tiles, resident_blocks(kernel, kThreads, shared_bytes)));
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, size_t, int>, int> resident;  // (kernel, bytes, device) -> blocks
+  int device = 0;
+  FUSEKIT_CUDA_CHECK(cudaGetDevice(&device));
+  int blocks = 0;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), shared_bytes, device);
+    auto found = resident.find(key);
+    if (found == resident.end()) {
+      FUSEKIT_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)));
+      found = resident.emplace(key, resident_blocks(kernel, kThreads, shared_bytes)).first;
+    }
+    blocks = found->second;
+  }
+  return std::max(1, std::min(tiles, blocks));
 }
 
 void check_skinny(const LinearShape& shape) {
+  // Tile counts are ceil_div(rows, 256) in int: rows within a tile of INT_MAX would overflow it.
+  if (shape.rows > std::numeric_limits<int>::max() - kForwardTileRows16) {
+    throw std::invalid_argument("linear: the skinny kernels take at most " +
+                                std::to_string(std::numeric_limits<int>::max() - kForwardTileRows16) + " rows (got " +
+                                std::to_string(shape.rows) + ")");
+  }
   if (shape.padded || shape.out_features > kSkinnyMaxFeatures || shape.in_features > kSkinnyMaxFeatures) {
     throw std::invalid_argument("linear: the skinny kernels take unpadded shapes with features <= 64 (got " +
                                 std::to_string(shape.rows) + "x" + std::to_string(shape.out_features) + "x" +

@@ -3,9 +3,10 @@
 // unpadded; rows 1, 7, 333; out_features 8, 49, 56, 768; in_features 8, 32, 49, 768. Each stage is
 // checked on the inputs it was given: the GELU backward on the pre-activation the forward stored,
 // the weight and input gradients of a bias_gelu layer on the dpre the GELU backward stored. Padded
-// runs must leave every pad column zero and agree with unpadded runs. Unpadded shapes with features
-// <= 64 that are not multiples of 8 take the skinny kernels (kernels/skinny_linear.cu): LinearSkinnyTest
-// checks them on their own, on fp32, fp16 and bf16, aligned and misaligned operands.
+// runs must leave every pad column zero and agree with unpadded runs. Shapes whose stored extents are
+// at most 64, with a feature size not a multiple of 8 or padded, take the skinny kernels
+// (kernels/skinny_linear.cu; the padded ones among the shapes here too): LinearSkinnyTest checks them
+// on their own, on fp32, fp16 and bf16, aligned and misaligned operands, up to 300001 rows.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -316,7 +317,9 @@ std::vector<Param> params() {
     for (const LinearEpilogue epilogue : {LinearEpilogue::bias, LinearEpilogue::bias_gelu}) {
       for (const Shape s : shapes) {
         for (const bool padded : {false, true}) {
-          if (padded && s.N % 8 == 0 && s.K % 8 == 0) continue;  // the same GEMMs as unpadded
+          // Padded sizes that are multiples of 8 already: the same GEMMs as unpadded, unless the padded
+          // route takes the skinny kernels (extents <= 64), which then must agree with cuBLASLt's.
+          if (padded && s.N % 8 == 0 && s.K % 8 == 0 && !linear_uses_skinny_path({s.M, s.N, s.K, true})) continue;
           // Unpadded GELU layers need N divisible by 8 (the leading dimension of cuBLASLt's aux matrix).
           if (!padded && epilogue == LinearEpilogue::bias_gelu && s.N % 8 != 0) continue;
           out.push_back({dtype, epilogue, s, padded});
@@ -340,7 +343,7 @@ std::string param_name(const ::testing::TestParamInfo<Param>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest, ::testing::ValuesIn(params()), param_name);
 
-// ---- the skinny path (kernels/skinny_linear.cu): unpadded, N and K <= 64, N or K not a multiple of 8
+// ---- the skinny path (kernels/skinny_linear.cu): here unpadded, N and K <= 64, N or K not a multiple of 8
 
 // A device operand `offset` elements past a 16-byte aligned allocation (offset 1: only element-aligned,
 // the kernels' fallback from 16-byte vectors), poisoned (NaN) until uploaded.
@@ -417,7 +420,31 @@ TEST_P(LinearSkinnyTest, EveryOutputMatchesFloat64Reference) {
   EXPECT_EQ(context.plans(), 0u);
 }
 
-// The backward adds per-block partials in a fixed order: the same inputs give the same bits.
+// Which shapes take the skinny kernels (no GPU needed): extents of at most 64 where a feature size
+// is not a multiple of 8 or the shape is padded; the kernels then see the stored extents.
+TEST(LinearSkinny, RoutesByStoredExtents) {
+  const int M = 1000;
+  EXPECT_TRUE(linear_uses_skinny_path({M, 49, 32, false}));
+  EXPECT_TRUE(linear_uses_skinny_path({M, 32, 49, false}));
+  EXPECT_TRUE(linear_uses_skinny_path({M, 64, 63, false}));
+  EXPECT_TRUE(linear_uses_skinny_path({M, 1, 1, false}));
+  EXPECT_FALSE(linear_uses_skinny_path({M, 65, 49, false}));  // N past 64
+  EXPECT_FALSE(linear_uses_skinny_path({M, 49, 65, false}));  // K past 64
+  EXPECT_FALSE(linear_uses_skinny_path({M, 64, 8, false}));   // aligned and unpadded: cuBLASLt
+  EXPECT_FALSE(linear_uses_skinny_path({M, 768, 49, false}));
+  EXPECT_TRUE(linear_uses_skinny_path({M, 49, 32, true}));   // 56 x 32
+  EXPECT_TRUE(linear_uses_skinny_path({M, 57, 49, true}));   // 64 x 56
+  EXPECT_TRUE(linear_uses_skinny_path({M, 64, 8, true}));    // padded: the skinny kernels over 64 x 8
+  EXPECT_FALSE(linear_uses_skinny_path({M, 65, 32, true}));  // 72 x 32
+  const LinearShape extents = skinny_extents({M, 49, 57, true});
+  EXPECT_EQ(extents.rows, M);
+  EXPECT_EQ(extents.out_features, 56);
+  EXPECT_EQ(extents.in_features, 64);
+  EXPECT_FALSE(extents.padded);
+}
+
+// The backward adds per-block partials in a fixed order: the same inputs give the same bits (on one
+// device: how the rows split into partials follows the grid, which follows the device).
 TEST(LinearSkinny, BackwardIsDeterministic) {
   FUSEKIT_REQUIRE_GPU();
   const int M = 65537, N = 49, K = 32;
@@ -454,6 +481,12 @@ std::vector<SkinnyParam> skinny_params() {
   std::vector<SkinnyParam> out;
   for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
     for (const Shape s : shapes) out.push_back({dtype, s});
+  }
+  // Enough tiles that every block of the 16-bit forward's resident grid (2 blocks a multiprocessor,
+  // tiles of 256 rows) walks several: the second buffer stage, its prefetch and the reuse of the
+  // output stage (fp32 and the backward, with smaller tiles, reach them above already).
+  for (const DType dtype : {DType::f16, DType::bf16}) {
+    for (const Shape s : {Shape{300001, 49, 32}, Shape{300001, 32, 49}}) out.push_back({dtype, s});
   }
   return out;
 }
