@@ -2,7 +2,8 @@
 // at::gelu(approximate="tanh")): every output and gradient (y, pre, dpre, dx, dW, db) may be at most
 // twice as far from a float64 computation as PyTorch's own result in the same dtype, with a floor
 // for fp32, where both are at rounding level. Padded runs are compared on their unpadded part.
-// Unpadded shapes with odd feature sizes <= 64 run the skinny kernels instead of cuBLASLt.
+// Shapes whose stored extents are at most 64, unpadded with a feature size not a multiple of 8 or
+// padded, run the skinny kernels instead of cuBLASLt.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
