@@ -9,10 +9,11 @@
 // tokens: the launchers take the vector width from the token length, not from L).
 //
 // The row groups, register configurations and the two-stage parameter-gradient reduction are
-// LayerNorm's (layernorm_common.cuh); unlike layernorm.cu the forward launches a row group per row
-// (no one-wave grid, no prefetch of the next row: both measured slower for gathered rows, see the
-// launcher) and there is no looping kernel for rows beyond the register configurations (Swin's rows
-// are 96..3072 columns): such rows are a std::invalid_argument.
+// LayerNorm's (layernorm_common.cuh). The forward launches a row group per row at every size (no
+// one-wave grid, no prefetch of the next row: both measured slower for gathered rows, see the
+// launcher; layernorm.cu does the same at large sizes only), and there is no looping kernel for rows
+// beyond the register configurations (Swin's rows are 96..3072 columns): such rows are a
+// std::invalid_argument.
 #pragma once
 
 #include <algorithm>
