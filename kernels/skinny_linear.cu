@@ -34,11 +34,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <map>
-#include <mutex>
 #include <stdexcept>
 #include <string>
-#include <tuple>
 #include <type_traits>
 
 #include "kernels/common.cuh"
@@ -483,27 +480,12 @@ void dispatch_padded_sizes(int K, int N, FN&& fn) {
     fn(k64{}, k64{});
 }
 
-// The persistent grid: one block per tile, at most as many as are resident at once. The shared-memory
-// attribute and the occupancy query run once per (kernel, bytes) and device, not per call.
+// The persistent grid: one block per tile, at most as many as are resident at once.
 template <class Kernel>
 int persistent_grid(Kernel kernel, size_t shared_bytes, int tiles) {
-  static std::mutex mutex;
-  static std::map<std::tuple<const void*, size_t, int>, int> resident;  // (kernel, bytes, device) -> blocks
-  int device = 0;
-  FUSEKIT_CUDA_CHECK(cudaGetDevice(&device));
-  int blocks = 0;
-  {
-    const std::lock_guard<std::mutex> lock(mutex);
-    const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), shared_bytes, device);
-    auto found = resident.find(key);
-    if (found == resident.end()) {
-      FUSEKIT_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)));
-      found = resident.emplace(key, resident_blocks(kernel, kThreads, shared_bytes)).first;
-    }
-    blocks = found->second;
-  }
-  return std::max(1, std::min(tiles, blocks));
+  FUSEKIT_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)));
+  return std::max(1, std::min(tiles, resident_blocks(kernel, kThreads, shared_bytes)));
 }
 
 void check_skinny(const LinearShape& shape) {
