@@ -99,6 +99,28 @@ __device__ __forceinline__ uint32_t element_bits(const uint16_t* __restrict__ p,
   return in ? p[i] : 0u;
 }
 
+// Walks the block's tiles (blockIdx.x, + gridDim.x, ...) through two shared-memory stages: the next
+// tile's copies (load(row0, rows, stage), cp.async) are in flight while body(tile, stage, rows)
+// computes on this one. body must end with a __syncthreads() before it returns (the stage it read
+// is the next load's target).
+template <class Load, class Body>
+__device__ __forceinline__ void walk_tiles(int M, int tile_rows, Load&& load, Body&& body) {
+  const int tiles = ceil_div(M, tile_rows);
+  auto load_tile = [&](int tile, int stage) {
+    load(static_cast<size_t>(tile) * tile_rows, min(tile_rows, M - tile * tile_rows), stage);
+  };
+  int tile = blockIdx.x;
+  if (tile < tiles) load_tile(tile, 0);
+  copy_async_commit();
+  for (int stage = 0; tile < tiles; tile += gridDim.x, stage ^= 1) {
+    if (tile + gridDim.x < tiles) load_tile(tile + gridDim.x, stage ^ 1);
+    copy_async_commit();
+    copy_async_wait<1>();
+    __syncthreads();  // this tile's stage (and, the first time, what the block staged before) visible to all
+    body(tile, stage, min(tile_rows, M - tile * tile_rows));
+  }
+}
+
 // One warp's 16 rows (r0 = m0 + g, r1 = r0 + 8) of a packed shared tile (row stride `inner`) times
 // the B fragments of a resident matrix: acc[j] += A(16 x 16 at column 16 kt) B(kt, j) for kt < KT,
 // j < NT, fragment (kt, j) at fragments[(kt * NT + j) * 32 + lane]. Columns past `inner` are zero.
@@ -170,31 +192,23 @@ __global__ void __launch_bounds__(kThreads, 2)
     bias_pair[j][1] = n + 1 < N ? to_float(bias[n + 1]) : 0.f;
   }
 
-  const int tiles = ceil_div(M, tile_rows);
-  auto load_tile = [&](int tile, int stage) {
-    const int rows = min(tile_rows, M - tile * tile_rows);
-    load_range_async(x_stages + stage * x_elements, x + static_cast<size_t>(tile) * tile_rows * K, rows * K, vector_x);
-  };
-  int tile = blockIdx.x;
-  if (tile < tiles) load_tile(tile, 0);
-  copy_async_commit();
-  for (int stage = 0; tile < tiles; tile += gridDim.x, stage ^= 1) {
-    if (tile + gridDim.x < tiles) load_tile(tile + gridDim.x, stage ^ 1);
-    copy_async_commit();
-    copy_async_wait<1>();
-    __syncthreads();  // this tile's x (and, the first time, the weight fragments) visible to all
-    const int rows = min(tile_rows, M - tile * tile_rows);
-    const uint16_t* xs = reinterpret_cast<const uint16_t*>(x_stages + stage * x_elements);
-    for (int m0 = warp * 16; m0 < rows; m0 += kWarps * 16) {
-      const int r0 = m0 + g, r1 = r0 + 8;
-      float acc[NT][4] = {};
-      rows_times_fragments<T, KT, NT>(acc, xs, K, r0, r1, t, w_fragments, lane);
-      // Rows past the tile's end are computed from stale shared memory and never leave the stage.
-      stage_fragment_rows<T, NT, true>(y_stage, N, r0, r1, t, acc, bias_pair);
-    }
-    __syncthreads();  // y_stage complete; also: every warp is done with this x stage
-    store_range(y + static_cast<size_t>(tile) * tile_rows * N, y_stage, rows * N, vector_y);
-  }
+  walk_tiles(
+      M, tile_rows,
+      [&](size_t row0, int rows, int stage) {
+        load_range_async(x_stages + stage * x_elements, x + row0 * K, rows * K, vector_x);
+      },
+      [&](int tile, int stage, int rows) {
+        const uint16_t* xs = reinterpret_cast<const uint16_t*>(x_stages + stage * x_elements);
+        for (int m0 = warp * 16; m0 < rows; m0 += kWarps * 16) {
+          const int r0 = m0 + g, r1 = r0 + 8;
+          float acc[NT][4] = {};
+          rows_times_fragments<T, KT, NT>(acc, xs, K, r0, r1, t, w_fragments, lane);
+          // Rows past the tile's end are computed from stale shared memory and never leave the stage.
+          stage_fragment_rows<T, NT, true>(y_stage, N, r0, r1, t, acc, bias_pair);
+        }
+        __syncthreads();  // y_stage complete; also: every warp is done with this x stage
+        store_range(y + static_cast<size_t>(tile) * tile_rows * N, y_stage, rows * N, vector_y);
+      });
 }
 
 // dx = dy W, dW and db partials, fp16/bf16. dx as the forward (A = dy, k over N). dW [N_pad, K_pad]
@@ -231,56 +245,47 @@ __global__ void __launch_bounds__(kThreads, 2)
   float dw_acc[kOwned][4] = {};
   float db_acc[4] = {};
 
-  const int tiles = ceil_div(M, tile_rows);
-  auto load_tile = [&](int tile, int stage) {
-    const int rows = min(tile_rows, M - tile * tile_rows);
-    const size_t row0 = static_cast<size_t>(tile) * tile_rows;
-    load_range_async(dy_stages + stage * dy_elements, dy + row0 * N, rows * N, vector_dy);
-    load_range_async(x_stages + stage * x_elements, x + row0 * K, rows * K, vector_x);
-  };
-  int tile = blockIdx.x;
-  if (tile < tiles) load_tile(tile, 0);
-  copy_async_commit();
-  for (int stage = 0; tile < tiles; tile += gridDim.x, stage ^= 1) {
-    if (tile + gridDim.x < tiles) load_tile(tile + gridDim.x, stage ^ 1);
-    copy_async_commit();
-    copy_async_wait<1>();
-    __syncthreads();
-    const int rows = min(tile_rows, M - tile * tile_rows);
-    const uint16_t* dys = reinterpret_cast<const uint16_t*>(dy_stages + stage * dy_elements);
-    const uint16_t* xs = reinterpret_cast<const uint16_t*>(x_stages + stage * x_elements);
+  walk_tiles(
+      M, tile_rows,
+      [&](size_t row0, int rows, int stage) {
+        load_range_async(dy_stages + stage * dy_elements, dy + row0 * N, rows * N, vector_dy);
+        load_range_async(x_stages + stage * x_elements, x + row0 * K, rows * K, vector_x);
+      },
+      [&](int tile, int stage, int rows) {
+        const uint16_t* dys = reinterpret_cast<const uint16_t*>(dy_stages + stage * dy_elements);
+        const uint16_t* xs = reinterpret_cast<const uint16_t*>(x_stages + stage * x_elements);
 
-    if (dx != nullptr) {
-      for (int m0 = warp * 16; m0 < rows; m0 += kWarps * 16) {
-        const int r0 = m0 + g, r1 = r0 + 8;
-        float acc[KJ][4] = {};
-        rows_times_fragments<T, NS, KJ>(acc, dys, N, r0, r1, t, w_fragments, lane);
-        const float none[KJ][2] = {};
-        stage_fragment_rows<T, KJ, false>(dx_stage, K, r0, r1, t, acc, none);
-      }
-    }
+        if (dx != nullptr) {
+          for (int m0 = warp * 16; m0 < rows; m0 += kWarps * 16) {
+            const int r0 = m0 + g, r1 = r0 + 8;
+            float acc[KJ][4] = {};
+            rows_times_fragments<T, NS, KJ>(acc, dys, N, r0, r1, t, w_fragments, lane);
+            const float none[KJ][2] = {};
+            stage_fragment_rows<T, KJ, false>(dx_stage, K, r0, r1, t, acc, none);
+          }
+        }
 
-    // dW += dy^T x over the tile's rows, 16 at a time; rows past the tile's end are zero.
-    for (int r = 0; r < rows; r += 16) {
-      const int ra = r + 2 * t, rb = ra + 8;
-      const bool a0 = ra < rows, a1 = ra + 1 < rows, b0 = rb < rows, b1 = rb + 1 < rows;
-      const uint32_t a[4] = {gather_pair(dys, ra * N + n0, a0 && n0 < N, (ra + 1) * N + n0, a1 && n0 < N),
-                             gather_pair(dys, ra * N + n1, a0 && n1 < N, (ra + 1) * N + n1, a1 && n1 < N),
-                             gather_pair(dys, rb * N + n0, b0 && n0 < N, (rb + 1) * N + n0, b1 && n0 < N),
-                             gather_pair(dys, rb * N + n1, b0 && n1 < N, (rb + 1) * N + n1, b1 && n1 < N)};
+        // dW += dy^T x over the tile's rows, 16 at a time; rows past the tile's end are zero.
+        for (int r = 0; r < rows; r += 16) {
+          const int ra = r + 2 * t, rb = ra + 8;
+          const bool a0 = ra < rows, a1 = ra + 1 < rows, b0 = rb < rows, b1 = rb + 1 < rows;
+          const uint32_t a[4] = {gather_pair(dys, ra * N + n0, a0 && n0 < N, (ra + 1) * N + n0, a1 && n0 < N),
+                                 gather_pair(dys, ra * N + n1, a0 && n1 < N, (ra + 1) * N + n1, a1 && n1 < N),
+                                 gather_pair(dys, rb * N + n0, b0 && n0 < N, (rb + 1) * N + n0, b1 && n0 < N),
+                                 gather_pair(dys, rb * N + n1, b0 && n1 < N, (rb + 1) * N + n1, b1 && n1 < N)};
 #pragma unroll
-      for (int i = 0; i < kOwned; ++i) {
-        const int k = (own_j + i * kStride) * 8 + g;
-        const bool in = k < K;
-        const uint32_t x0 = gather_pair(xs, ra * K + k, a0 && in, (ra + 1) * K + k, a1 && in);
-        const uint32_t x1 = gather_pair(xs, rb * K + k, b0 && in, (rb + 1) * K + k, b1 && in);
-        mma_16816<T>(dw_acc[i], a, x0, x1);
-      }
-      if (own_j == 0) mma_16816<T>(db_acc, a, ones, ones);  // warp-uniform
-    }
-    __syncthreads();  // dx_stage complete; every warp done with this stage of dy and x
-    if (dx != nullptr) store_range(dx + static_cast<size_t>(tile) * tile_rows * K, dx_stage, rows * K, vector_dx);
-  }
+          for (int i = 0; i < kOwned; ++i) {
+            const int k = (own_j + i * kStride) * 8 + g;
+            const bool in = k < K;
+            const uint32_t x0 = gather_pair(xs, ra * K + k, a0 && in, (ra + 1) * K + k, a1 && in);
+            const uint32_t x1 = gather_pair(xs, rb * K + k, b0 && in, (rb + 1) * K + k, b1 && in);
+            mma_16816<T>(dw_acc[i], a, x0, x1);
+          }
+          if (own_j == 0) mma_16816<T>(db_acc, a, ones, ones);  // warp-uniform
+        }
+        __syncthreads();  // dx_stage complete; every warp done with this stage of dy and x
+        if (dx != nullptr) store_range(dx + static_cast<size_t>(tile) * tile_rows * K, dx_stage, rows * K, vector_dx);
+      });
 
   // This block's partial sums: C fragment rows n0, n1, columns k, k + 1.
   float* partial = dweight_partial + static_cast<size_t>(blockIdx.x) * N * K;
@@ -321,42 +326,34 @@ __global__ void __launch_bounds__(kThreads)
   float* bias_flat = reinterpret_cast<float*>(bias4);
   for (int n = threadIdx.x; n < NG * 4; n += blockDim.x) bias_flat[n] = n < N ? bias[n] : 0.f;
 
-  const int tiles = ceil_div(M, tile_rows);
-  auto load_tile = [&](int tile, int stage) {
-    const int rows = min(tile_rows, M - tile * tile_rows);
-    load_range_async(x_stages + stage * x_elements, x + static_cast<size_t>(tile) * tile_rows * K, rows * K, vector_x);
-  };
-  int tile = blockIdx.x;
-  if (tile < tiles) load_tile(tile, 0);
-  copy_async_commit();
-  for (int stage = 0; tile < tiles; tile += gridDim.x, stage ^= 1) {
-    if (tile + gridDim.x < tiles) load_tile(tile + gridDim.x, stage ^ 1);
-    copy_async_commit();
-    copy_async_wait<1>();
-    __syncthreads();
-    const int rows = min(tile_rows, M - tile * tile_rows);
-    const float* xs = x_stages + stage * x_elements;
-    for (int i = threadIdx.x; i < rows * NG; i += blockDim.x) {
-      const int r = i / NG, cg = i % NG;
-      float4 acc = bias4[cg];
+  walk_tiles(
+      M, tile_rows,
+      [&](size_t row0, int rows, int stage) {
+        load_range_async(x_stages + stage * x_elements, x + row0 * K, rows * K, vector_x);
+      },
+      [&](int tile, int stage, int rows) {
+        const float* xs = x_stages + stage * x_elements;
+        for (int i = threadIdx.x; i < rows * NG; i += blockDim.x) {
+          const int r = i / NG, cg = i % NG;
+          float4 acc = bias4[cg];
 #pragma unroll 4
-      for (int k = 0; k < K; ++k) {
-        const float v = xs[r * K + k];
-        const float4 w = wt[k * NG + cg];
-        acc.x = fmaf(v, w.x, acc.x);
-        acc.y = fmaf(v, w.y, acc.y);
-        acc.z = fmaf(v, w.z, acc.z);
-        acc.w = fmaf(v, w.w, acc.w);
-      }
-      const float out[4] = {acc.x, acc.y, acc.z, acc.w};
+          for (int k = 0; k < K; ++k) {
+            const float v = xs[r * K + k];
+            const float4 w = wt[k * NG + cg];
+            acc.x = fmaf(v, w.x, acc.x);
+            acc.y = fmaf(v, w.y, acc.y);
+            acc.z = fmaf(v, w.z, acc.z);
+            acc.w = fmaf(v, w.w, acc.w);
+          }
+          const float out[4] = {acc.x, acc.y, acc.z, acc.w};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (cg * 4 + e < N) y_stage[r * N + cg * 4 + e] = out[e];
-      }
-    }
-    __syncthreads();
-    store_range(y + static_cast<size_t>(tile) * tile_rows * N, y_stage, rows * N, vector_y);
-  }
+          for (int e = 0; e < 4; ++e) {
+            if (cg * 4 + e < N) y_stage[r * N + cg * 4 + e] = out[e];
+          }
+        }
+        __syncthreads();
+        store_range(y + static_cast<size_t>(tile) * tile_rows * N, y_stage, rows * N, vector_y);
+      });
 }
 
 // dx = dy W, dW and db partials, fp32 with FMA. dx: a thread computes one row x 4 columns at a
@@ -385,63 +382,54 @@ __global__ void __launch_bounds__(kThreads)
   float dw_acc[4][4] = {};
   float db_acc[4] = {};
 
-  const int tiles = ceil_div(M, tile_rows);
-  auto load_tile = [&](int tile, int stage) {
-    const int rows = min(tile_rows, M - tile * tile_rows);
-    const size_t row0 = static_cast<size_t>(tile) * tile_rows;
-    load_range_async(dy_stages + stage * dy_elements, dy + row0 * N, rows * N, vector_dy);
-    load_range_async(x_stages + stage * x_elements, x + row0 * K, rows * K, vector_x);
-  };
-  int tile = blockIdx.x;
-  if (tile < tiles) load_tile(tile, 0);
-  copy_async_commit();
-  for (int stage = 0; tile < tiles; tile += gridDim.x, stage ^= 1) {
-    if (tile + gridDim.x < tiles) load_tile(tile + gridDim.x, stage ^ 1);
-    copy_async_commit();
-    copy_async_wait<1>();
-    __syncthreads();
-    const int rows = min(tile_rows, M - tile * tile_rows);
-    const float* dys = dy_stages + stage * dy_elements;
-    const float* xs = x_stages + stage * x_elements;
-    if (dx != nullptr) {
-      for (int i = threadIdx.x; i < rows * KG; i += blockDim.x) {
-        const int r = i / KG, kg = i % KG;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  walk_tiles(
+      M, tile_rows,
+      [&](size_t row0, int rows, int stage) {
+        load_range_async(dy_stages + stage * dy_elements, dy + row0 * N, rows * N, vector_dy);
+        load_range_async(x_stages + stage * x_elements, x + row0 * K, rows * K, vector_x);
+      },
+      [&](int tile, int stage, int rows) {
+        const float* dys = dy_stages + stage * dy_elements;
+        const float* xs = x_stages + stage * x_elements;
+        if (dx != nullptr) {
+          for (int i = threadIdx.x; i < rows * KG; i += blockDim.x) {
+            const int r = i / KG, kg = i % KG;
+            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
-        for (int n = 0; n < N; ++n) {
-          const float d = dys[r * N + n];
-          const float4 w = w4[n * KG + kg];
-          acc.x = fmaf(d, w.x, acc.x);
-          acc.y = fmaf(d, w.y, acc.y);
-          acc.z = fmaf(d, w.z, acc.z);
-          acc.w = fmaf(d, w.w, acc.w);
-        }
-        const float out[4] = {acc.x, acc.y, acc.z, acc.w};
+            for (int n = 0; n < N; ++n) {
+              const float d = dys[r * N + n];
+              const float4 w = w4[n * KG + kg];
+              acc.x = fmaf(d, w.x, acc.x);
+              acc.y = fmaf(d, w.y, acc.y);
+              acc.z = fmaf(d, w.z, acc.z);
+              acc.w = fmaf(d, w.w, acc.w);
+            }
+            const float out[4] = {acc.x, acc.y, acc.z, acc.w};
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (kg * 4 + e < K) dx_stage[r * K + kg * 4 + e] = out[e];
+            for (int e = 0; e < 4; ++e) {
+              if (kg * 4 + e < K) dx_stage[r * K + kg * 4 + e] = out[e];
+            }
+          }
         }
-      }
-    }
-    if (owner) {
-      for (int r = 0; r < rows; ++r) {
-        float d[4], v[4];
+        if (owner) {
+          for (int r = 0; r < rows; ++r) {
+            float d[4], v[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          d[e] = own_n + e < N ? dys[r * N + own_n + e] : 0.f;
-          v[e] = own_k + e < K ? xs[r * K + own_k + e] : 0.f;
+            for (int e = 0; e < 4; ++e) {
+              d[e] = own_n + e < N ? dys[r * N + own_n + e] : 0.f;
+              v[e] = own_k + e < K ? xs[r * K + own_k + e] : 0.f;
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              db_acc[e] += d[e];
+#pragma unroll
+              for (int f = 0; f < 4; ++f) dw_acc[e][f] = fmaf(d[e], v[f], dw_acc[e][f]);
+            }
+          }
         }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          db_acc[e] += d[e];
-#pragma unroll
-          for (int f = 0; f < 4; ++f) dw_acc[e][f] = fmaf(d[e], v[f], dw_acc[e][f]);
-        }
-      }
-    }
-    __syncthreads();
-    if (dx != nullptr) store_range(dx + static_cast<size_t>(tile) * tile_rows * K, dx_stage, rows * K, vector_dx);
-  }
+        __syncthreads();
+        if (dx != nullptr) store_range(dx + static_cast<size_t>(tile) * tile_rows * K, dx_stage, rows * K, vector_dx);
+      });
 
   if (owner) {
     float* partial = dweight_partial + static_cast<size_t>(blockIdx.x) * N * K;
