@@ -6,9 +6,9 @@
 // own vectors (one Philox call per 4 elements), so the mask costs arithmetic, never memory. h is
 // formed in float with rounded operations (no FMA contraction), so the backward's recomputation of
 // h in post-LN is bit for bit the forward's. The backward keeps each thread's columns fixed across
-// its rows, so dgamma, dbeta and dbias accumulate in registers; each block writes one partial row of
-// each and a second kernel sums the partials. No atomics. Rows too long for the register
-// configurations (forward: 4096 vectors; backward: 1024, i.e. 8192 16-bit or 4096 float columns)
+// its rows, so dgamma, dbeta and dbias accumulate in registers (a warp per row: in shared memory, see
+// ColumnSums); each block writes one partial row of each and a second kernel sums the partials. No atomics. Rows too
+// long for the register configurations (forward: 4096 vectors; backward: 1024, i.e. 8192 16-bit or 4096 float columns)
 // take looping kernels that recompute h per pass (correct for any length, slower).
 #include "kernels/bias_dropout_residual_layernorm.h"
 #include "kernels/layernorm_common.cuh"
@@ -188,7 +188,7 @@ template <class T, int VEC, int NV, int TPR>
 __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     bias_dropout_residual_layernorm_backward_kernel(const BackwardArgs<T> a) {
   __shared__ float scratch[kWarpSize];
-  extern __shared__ float warp_partial[];  // lanes per row: [warps][3][C], combined before the write
+  extern __shared__ float warp_partial[];  // lanes per row: [warps][3][C] (ColumnSums)
   using V = Vec<T, VEC>;
   const RowGroups<TPR> rg;
   const int groups = rg.count, group = rg.index, t = rg.thread;
@@ -196,12 +196,8 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
   const int C = a.C;
   const bool has_extra = a.dh_extra != nullptr;
 
-  float acc[3][NV][VEC];  // dgamma, dbeta, dbias of this thread's columns
-#pragma unroll
-  for (int j = 0; j < NV; ++j) {
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) acc[0][j][k] = acc[1][j][k] = acc[2][j][k] = 0.f;
-  }
+  // dgamma, dbeta, dbias of this thread's columns; a warp per row keeps them in shared memory.
+  ColumnSums<3, NV, VEC, TPR, TPR == kWarpSize> sums(warp_partial, C);
   for (int first = blockIdx.x * groups; first < a.rows; first += gridDim.x * groups) {
     const int row = first + group;
     const bool valid = row < a.rows;  // as in the forward: the whole warp runs every iteration
@@ -242,8 +238,8 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
           const float g = __fmul_rn(d, to_float(gv.v[k]));
           sum_g += g;
           sum_gx += g * xhat;
-          acc[0][j][k] += d * xhat;
-          acc[1][j][k] += d;
+          sums.add(0, j, k, d * xhat);
+          sums.add(1, j, k, d);
         }
       }
     }
@@ -264,7 +260,7 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
           float dh = rs * (g - mean_g - xhat * mean_gx);
           if (has_extra) dh += to_float(extra.v[k]);
           const float d = dh * a.dropout.multiplier(kept[j], k);
-          acc[2][j][k] += d;
+          sums.add(2, j, k, d);
           dres.v[k] = from_float<T>(dh);
           dxo.v[k] = from_float<T>(d);
         }
@@ -274,7 +270,7 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     }
   }
 
-  write_block_partials<3, NV, VEC, TPR>(acc, a.partial + static_cast<size_t>(blockIdx.x) * 3 * C, warp_partial, C, t);
+  sums.write(a.partial + static_cast<size_t>(blockIdx.x) * 3 * C, warp_partial, C, t);
 }
 
 // Any row length: a block per row; the block's partial rows accumulate in global memory, which only

@@ -266,12 +266,8 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     __syncthreads();
   }
 
-  float acc[2][NV][VEC];  // dgamma, dbeta of this thread's columns
-#pragma unroll
-  for (int j = 0; j < NV; ++j) {
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) acc[0][j][k] = acc[1][j][k] = 0.f;
-  }
+  // dgamma, dbeta of this thread's columns; a warp per row keeps them in shared memory (ColumnSums).
+  ColumnSums<2, NV, VEC, TPR, TPR == kWarpSize> sums(dynamic_shared, C);
   for (int first = blockIdx.x * groups; first < a.rows; first += gridDim.x * groups) {
     const int row = first + group;
     const TokenIds ids = row < a.rows ? a.lookup.at(row) : TokenIds{0, 0, 0, false};
@@ -303,8 +299,8 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
           const float g = __fmul_rn(d, to_float(gv.v[k]));
           sum_g += g;
           sum_gx += g * xhat;
-          acc[0][j][k] += d * xhat;
-          acc[1][j][k] += d;
+          sums.add(0, j, k, d * xhat);
+          sums.add(1, j, k, d);
         }
       }
     }
@@ -341,7 +337,7 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     }
   }
 
-  write_block_partials<2, NV, VEC, TPR>(acc, a.partial + static_cast<size_t>(blockIdx.x) * 2 * C, dynamic_shared, C, t);
+  sums.write(a.partial + static_cast<size_t>(blockIdx.x) * 2 * C, dynamic_shared, C, t);
   if (type_sums) {
     __syncthreads();
     float* to = a.small_sums + static_cast<size_t>(positions) * C;
@@ -461,7 +457,7 @@ constexpr size_t kTypeSumsSharedBytes = 32 * 1024;
 
 int backward_block_limit(int rows) {
   const int sms = multiprocessors();
-  return std::max(1, std::min(rows, std::max(sms, std::min(rows / 32, 16 * sms))));
+  return std::max(1, std::min(rows, std::max(sms, std::min(rows / 8, 16 * sms))));
 }
 
 // The backward's workspace, in floats, each part a whole number of 16-byte units.

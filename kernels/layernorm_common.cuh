@@ -65,12 +65,12 @@ inline Config choose_backward_config(int vectors) {
 }
 
 // The most partial rows a backward writes (its workspace is sized for them): enough blocks to fill
-// the GPU, at least 32 rows a block beyond that (the partials' traffic stays small next to the
+// the GPU, at least 8 rows a block beyond that (the partials' traffic stays small next to the
 // rows'), at most 16 a multiprocessor. The backward launches one wave: as many of them as are
 // resident at once, since each block writes its partial row once, after all its rows.
 inline int backward_block_limit(int rows) {
   const int sms = multiprocessors();
-  return std::max(1, std::min(rows, std::max(sms, std::min(rows / 32, 16 * sms))));
+  return std::max(1, std::min(rows, std::max(sms, std::min(rows / 8, 16 * sms))));
 }
 
 // Maps the configuration to the kernel template; FN is called with the compile-time TPR and NV.
@@ -163,6 +163,66 @@ __device__ void write_block_partials(float (&acc)[K][NV][VEC], float* __restrict
     }
   }
 }
+
+// Where a backward kernel keeps its K parameter-gradient sums of its columns between rows, and how
+// the block's partial rows come out of them (block_partial[k * C + c]).
+//   Registers: K x NV x VEC floats a thread, combined by write_block_partials. The default.
+//   Shared memory (kShared, a warp per row only: TPR = 32): [warp][K][VEC][C / VEC] floats in the
+//   dynamic shared memory the lanes-per-row kernels already have for write_block_partials. Each column
+//   has one owner lane in its warp, and consecutive lanes add to consecutive floats (no bank
+//   conflicts). It takes K x NV x VEC floats off every thread's registers: at BERT shapes the
+//   register sums bound residency (ncu on the H100, 8192 x 768 fp16: LayerNorm backward 104
+//   registers, 2 blocks of 256 a multiprocessor; bias + dropout + residual + LayerNorm 170, 1 block).
+template <int K, int NV, int VEC, int TPR, bool kShared>
+struct ColumnSums {
+  static_assert(!kShared || TPR == kWarpSize, "shared-memory sums need a warp per row");
+  float acc[kShared ? 1 : K][kShared ? 1 : NV][kShared ? 1 : VEC];
+  float* mine = nullptr;  // kShared: this warp's [K][VEC][C / VEC]
+  int vectors = 0;        // C / VEC
+
+  __device__ ColumnSums(float* shared, int C) {
+    if constexpr (kShared) {
+      vectors = C / VEC;
+      mine = shared + static_cast<size_t>(threadIdx.x / kWarpSize) * K * C;
+      for (int i = threadIdx.x % kWarpSize; i < K * C; i += kWarpSize) mine[i] = 0.f;
+      __syncwarp();
+    } else {
+#pragma unroll
+      for (int q = 0; q < K; ++q) {
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) acc[q][j][k] = 0.f;
+        }
+      }
+    }
+  }
+
+  // Sum q of element k of the thread's vector j (column (j * TPR + t) * VEC + k) += value.
+  __device__ __forceinline__ void add(int q, int j, int k, float value) {
+    if constexpr (kShared)
+      mine[(q * VEC + k) * vectors + j * kWarpSize + threadIdx.x % kWarpSize] += value;
+    else
+      acc[q][j][k] += value;
+  }
+
+  // The block's K partial rows; every thread of the block calls it, after its last row.
+  __device__ void write(float* __restrict__ block_partial, float* __restrict__ shared, int C, int t) {
+    if constexpr (kShared) {
+      __syncthreads();
+      const int warps = blockDim.x / kWarpSize;
+      for (int i = threadIdx.x; i < K * C; i += blockDim.x) {
+        const int q = i / C, c = i % C;
+        const int at = (q * VEC + c % VEC) * vectors + c / VEC;
+        float sum = 0.f;
+        for (int w = 0; w < warps; ++w) sum += shared[static_cast<size_t>(w) * K * C + at];
+        block_partial[i] = sum;
+      }
+    } else {
+      write_block_partials<K, NV, VEC, TPR>(acc, block_partial, shared, C, t);
+    }
+  }
+};
 
 // The outputs of the second reduction stage: K parameter gradients of C columns each.
 template <class T, int K>
