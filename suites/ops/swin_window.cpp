@@ -2,6 +2,8 @@
 // (LayerNorm + cyclic shift + partition), window_merge (reverse + reverse shift + residual add) and
 // patch_merging (2x2 gather + LayerNorm over 4C); forward, and forward + backward, fused and (where
 // libtorch is built in) the libtorch baseline, on input sets rotated through more than twice the L2.
+// window_partition's forward also times variant reference:copy, a plain copy of its tensor's bytes,
+// so the evidence shows what a copy reaches at that size next to the fused kernel.
 //
 // Shapes: "BxHxWxC:wsN:shiftS" for the window operations, "BxHxWxC" for patch_merging.
 //
@@ -131,6 +133,25 @@ std::vector<Case> window_partition_cases(const std::string& text, kernels::DType
          }
        },
        setup, release});
+  if (!backward) {
+    // The reference the copy-bandwidth target is judged by at this size: a device-to-device copy of
+    // x into windows, the bytes the fused forward must move less its parameters and mean/rstd (2%),
+    // timed as the kernels are. The ceiling itself is a 1 GiB copy, which launch and ramp costs touch
+    // less than a working set of tens of megabytes.
+    reports::CaseInfo copy = info;
+    copy.variant = "reference:copy";
+    copy.bytes = 2.0 * static_cast<double>(shape.tokens()) * shape.channels * kernels::dtype_size(dtype);
+    cases.push_back({copy,
+                     [operands, shape, dtype](cudaStream_t stream, int rep) {
+                       PartitionOperands& o = **operands;
+                       const int s = rep % o.sets;
+                       const size_t bytes =
+                           static_cast<size_t>(shape.tokens()) * shape.channels * kernels::dtype_size(dtype);
+                       FUSEKIT_CUDA_CHECK(
+                           cudaMemcpyAsync(o.windows[s].get(), o.x[s].get(), bytes, cudaMemcpyDeviceToDevice, stream));
+                     },
+                     setup, release});
+  }
 #ifdef FUSEKIT_WITH_TORCH
   info.variant = "baseline";
   cases.push_back(

@@ -195,7 +195,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, BiasDropoutResidualLayerNormTest,
                                             ::testing::Values(Shape{257, 1}, Shape{300, 31}, Shape{1000, 768},
                                                               Shape{77, 1000}, Shape{64, 1536}, Shape{1, 4096},
                                                               Shape{33, 4096}, Shape{9, 12288}, Shape{3, 70000},
-                                                              Shape{2, 33}, Shape{129, 768, true}),
+                                                              Shape{2, 33}, Shape{129, 768, true}, Shape{1001, 384},
+                                                              Shape{301, 200}),
                                             ::testing::Values(0.f, 0.1f, 0.5f), kOrders),
                          param_name);
 // A million short rows: the lanes-per-row path over many blocks, and the two-stage reduction of
