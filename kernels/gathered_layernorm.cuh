@@ -42,13 +42,18 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? kLaneKernelThreads : TPR)
     const int row = first + rg.index;
     const bool valid = row < rows;
     const auto source = map.row(valid ? row : 0);
+    // Every load of the row is issued before the first use: with a use inside each load's branch,
+    // the loads waited for one another (H100, Swin-T stage 1: 35.6 against 32.0 us).
     V in[NV];
-    float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
       const int c = (j * TPR + t) * VEC;
-      if (valid && c < L) {
-        in[j] = V::load_stream(x + source(c));
+      if (valid && c < L) in[j] = V::load_stream(x + source(c));
+    }
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      if (valid && (j * TPR + t) * VEC < L) {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) sum += to_float(in[j].v[k]);
       }
@@ -111,13 +116,21 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? kLaneKernelThreads : TPR)
     const size_t offset = static_cast<size_t>(row) * L;
     const float mu = valid ? mean[row] : 0.f, rs = valid ? rstd[row] : 0.f;
     V xv[NV], dyv[NV];
-    float sum_g = 0.f, sum_gx = 0.f;
+    // Both rows' loads are issued before the first use (as in the forward: a use inside each
+    // load's branch makes the loads wait for one another).
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
       const int c = (j * TPR + t) * VEC;
       if (valid && c < L) {
         xv[j] = V::load_stream(x + source(c));
         dyv[j] = V::load_stream(dy + offset + c);
+      }
+    }
+    float sum_g = 0.f, sum_gx = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      if (valid && c < L) {
         const V gv = V::load(gamma + c);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {

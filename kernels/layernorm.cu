@@ -162,13 +162,21 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     // The row stays in registers in its storage type (half the registers of floats for 16-bit
     // types); xhat and g are recomputed in the second pass rather than kept.
     V xv[NV], dyv[NV];
-    float sum_g = 0.f, sum_gx = 0.f;
+    // Both rows' loads are issued before the first use (as in the forward: a use inside each
+    // load's branch makes the loads wait for one another).
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
       const int c = (j * TPR + t) * VEC;
       if (valid && c < C) {
         xv[j] = V::load_stream(x + offset + c);
         dyv[j] = V::load_stream(dy + offset + c);
+      }
+    }
+    float sum_g = 0.f, sum_gx = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      if (valid && c < C) {
         const V gv = V::load(gamma + c);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
