@@ -173,6 +173,8 @@ __device__ void write_block_partials(float (&acc)[K][NV][VEC], float* __restrict
 //   conflicts). It takes K x NV x VEC floats off every thread's registers: at BERT shapes the
 //   register sums bound residency (ncu on the H100, 8192 x 768 fp16: LayerNorm backward 104
 //   registers, 2 blocks of 256 a multiprocessor; bias + dropout + residual + LayerNorm 170, 1 block).
+//   The fused row backwards (bias + dropout + residual + LayerNorm, embedding + LayerNorm) use it;
+//   LayerNorm's own backward measured faster with its sums in registers and keeps them there.
 template <int K, int NV, int VEC, int TPR, bool kShared>
 struct ColumnSums {
   static_assert(!kShared || TPR == kWarpSize, "shared-memory sums need a warp per row");
