@@ -99,6 +99,26 @@ __device__ __forceinline__ uint32_t element_bits(const uint16_t* __restrict__ p,
   return in ? p[i] : 0u;
 }
 
+// One row times a matrix held as float4 groups of 4 columns, in fp32 with FMA: out[4 g + e] =
+// acc_e + sum over k < inner of row[k] * matrix[k * groups + g].e, stored where 4 g + e < columns.
+__device__ __forceinline__ void row_times_matrix4(const float* row, const float4* matrix, int inner, int groups, int g,
+                                                  float4 acc, float* out, int columns) {
+#pragma unroll 4
+  for (int k = 0; k < inner; ++k) {
+    const float v = row[k];
+    const float4 w = matrix[k * groups + g];
+    acc.x = fmaf(v, w.x, acc.x);
+    acc.y = fmaf(v, w.y, acc.y);
+    acc.z = fmaf(v, w.z, acc.z);
+    acc.w = fmaf(v, w.w, acc.w);
+  }
+  const float values[4] = {acc.x, acc.y, acc.z, acc.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if (g * 4 + e < columns) out[g * 4 + e] = values[e];
+  }
+}
+
 // Walks the block's tiles (blockIdx.x, + gridDim.x, ...) through two shared-memory stages: the next
 // tile's copies (load(row0, rows, stage), cp.async) are in flight while body(tile, stage, rows)
 // computes on this one. body must end with a __syncthreads() before it returns (the stage it read
@@ -335,21 +355,7 @@ __global__ void __launch_bounds__(kThreads)
         const float* xs = x_stages + stage * x_elements;
         for (int i = threadIdx.x; i < rows * NG; i += blockDim.x) {
           const int r = i / NG, cg = i % NG;
-          float4 acc = bias4[cg];
-#pragma unroll 4
-          for (int k = 0; k < K; ++k) {
-            const float v = xs[r * K + k];
-            const float4 w = wt[k * NG + cg];
-            acc.x = fmaf(v, w.x, acc.x);
-            acc.y = fmaf(v, w.y, acc.y);
-            acc.z = fmaf(v, w.z, acc.z);
-            acc.w = fmaf(v, w.w, acc.w);
-          }
-          const float out[4] = {acc.x, acc.y, acc.z, acc.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            if (cg * 4 + e < N) y_stage[r * N + cg * 4 + e] = out[e];
-          }
+          row_times_matrix4(xs + r * K, wt, K, NG, cg, bias4[cg], y_stage + r * N, N);
         }
         __syncthreads();
         store_range(y + static_cast<size_t>(tile) * tile_rows * N, y_stage, rows * N, vector_y);
@@ -394,21 +400,7 @@ __global__ void __launch_bounds__(kThreads)
         if (dx != nullptr) {
           for (int i = threadIdx.x; i < rows * KG; i += blockDim.x) {
             const int r = i / KG, kg = i % KG;
-            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-            for (int n = 0; n < N; ++n) {
-              const float d = dys[r * N + n];
-              const float4 w = w4[n * KG + kg];
-              acc.x = fmaf(d, w.x, acc.x);
-              acc.y = fmaf(d, w.y, acc.y);
-              acc.z = fmaf(d, w.z, acc.z);
-              acc.w = fmaf(d, w.w, acc.w);
-            }
-            const float out[4] = {acc.x, acc.y, acc.z, acc.w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              if (kg * 4 + e < K) dx_stage[r * K + kg * 4 + e] = out[e];
-            }
+            row_times_matrix4(dys + r * N, w4, N, KG, kg, make_float4(0.f, 0.f, 0.f, 0.f), dx_stage + r * K, K);
           }
         }
         if (owner) {
