@@ -42,11 +42,8 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
   // the stores). Not with 512 or 1024 threads a row, whose register budget it would exceed.
   constexpr bool kPrefetch = TPR <= 256;
   auto load_row = [&](V(&dst)[NV], int row) {
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-      const int c = (j * TPR + t) * VEC;
-      if (row < rows && c < C) dst[j] = V::load_stream(x + static_cast<size_t>(row) * C + c);
-    }
+    const T* from = x + static_cast<size_t>(row) * C;
+    load_vectors<TPR, VEC>(dst, row < rows, C, t, [&](int c) { return V::load_stream(from + c); });
   };
   const int stride = gridDim.x * groups;
   V next[NV];
@@ -162,16 +159,8 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     // The row stays in registers in its storage type (half the registers of floats for 16-bit
     // types); xhat and g are recomputed in the second pass rather than kept.
     V xv[NV], dyv[NV];
-    // Both rows' loads are issued before the first use (as in the forward: a use inside each
-    // load's branch makes the loads wait for one another).
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-      const int c = (j * TPR + t) * VEC;
-      if (valid && c < C) {
-        xv[j] = V::load_stream(x + offset + c);
-        dyv[j] = V::load_stream(dy + offset + c);
-      }
-    }
+    load_vectors<TPR, VEC>(xv, valid, C, t, [&](int c) { return V::load_stream(x + offset + c); });
+    load_vectors<TPR, VEC>(dyv, valid, C, t, [&](int c) { return V::load_stream(dy + offset + c); });
     float sum_g = 0.f, sum_gx = 0.f;
 #pragma unroll
     for (int j = 0; j < NV; ++j) {

@@ -107,6 +107,20 @@ void dispatch_vector_width(int vec, FN&& fn) {
     fn(std::integral_constant<int, 16 / sizeof(T)>{});
 }
 
+// Loads thread t's vectors of a row: out[j] = load(c) for column c = (j * TPR + t) * VEC, j < NV,
+// where `valid` and c < C; other entries are left as they are. Every load is issued before any is
+// used: with a use inside each load's branch, each load waited for the one before (H100, the
+// gathered LayerNorm at Swin-T stage 1: 35.6 against 32.0 us). The callers' later passes test the
+// same condition before reading an entry.
+template <int TPR, int VEC, class V, int NV, class Load>
+__device__ __forceinline__ void load_vectors(V (&out)[NV], bool valid, int C, int t, Load&& load) {
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int c = (j * TPR + t) * VEC;
+    if (valid && c < C) out[j] = load(c);
+  }
+}
+
 // The end of a backward kernel's first reduction stage: each thread holds K parameter-gradient
 // accumulators for its columns (acc[k][j][v] for column (j * TPR + t) * VEC + v), summed over the
 // rows it visited; the block writes their sum over its row groups as K partial rows of C floats,
