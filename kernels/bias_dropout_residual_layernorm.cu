@@ -88,10 +88,12 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     const bool valid = row < a.rows;
     const size_t base = static_cast<size_t>(row) * C;
     float v[NV][VEC];
-    // With fewer than 32 lanes a row, the row's loads are issued before their first use
-    // (load_vectors). H100, fp16: 401408 x 128 (4 lanes x 4 vectors) 133.5 -> 119.6 us; but with a
-    // warp a row the registers it takes cost more than it gains (8192 x 768: 18.4 -> 21.5 us).
-    constexpr bool kLoadsFirst = TPR < kWarpSize;
+    // With 4 lanes a row, the row's loads are issued before their first use (load_vectors).
+    // H100, fp16, ops suite: 401408 x 128 (4 lanes x 4 vectors) 132.5 -> 119.0 us, 401408 x 96
+    // (4 x 3) 97.7 -> 93.6 us; slower with 16 lanes a row (100352 x 384: 86.2 -> 93.0 us) and a warp
+    // a row (8192 x 768: 18.4 -> 21.5 us, single case). 8 lanes a row is unmeasured: it keeps the
+    // old loop.
+    constexpr bool kLoadsFirst = TPR <= 4;
     V x_in[NV], r_in[NV];
     if constexpr (kLoadsFirst) {
       load_vectors<TPR, VEC>(x_in, valid, C, t, [&](int c) { return V::load_stream(a.x + base + c); });
