@@ -11,7 +11,8 @@
 
 namespace fusekit::profiler {
 
-struct KernelRecord {
+// What every record of work on the device has (a kernel, a copy, a memset).
+struct DeviceActivity {
   uint64_t start = 0;
   uint64_t end = 0;
   uint32_t device_id = 0;
@@ -19,7 +20,10 @@ struct KernelRecord {
   uint32_t stream_id = 0;
   uint32_t correlation_id = 0;
   uint32_t process_id = 0;  // correlation ids are numbered per process
-  std::string name;         // demangled where the name could be demangled
+};
+
+struct KernelRecord : DeviceActivity {
+  std::string name;  // demangled where the name could be demangled
   int32_t grid_x = 0, grid_y = 0, grid_z = 0;
   int32_t block_x = 0, block_y = 0, block_z = 0;
   int32_t registers_per_thread = 0;
@@ -29,28 +33,14 @@ struct KernelRecord {
 
 // copy_kind, src_kind and dst_kind keep CUPTI's enumerations (CUpti_ActivityMemcpyKind,
 // CUpti_ActivityMemoryKind), as the Nsight Systems export does.
-struct MemcpyRecord {
-  uint64_t start = 0;
-  uint64_t end = 0;
-  uint32_t device_id = 0;
-  uint32_t context_id = 0;
-  uint32_t stream_id = 0;
-  uint32_t correlation_id = 0;
-  uint32_t process_id = 0;  // correlation ids are numbered per process
+struct MemcpyRecord : DeviceActivity {
   uint64_t bytes = 0;
   uint32_t copy_kind = 0;
   uint32_t src_kind = 0;
   uint32_t dst_kind = 0;
 };
 
-struct MemsetRecord {
-  uint64_t start = 0;
-  uint64_t end = 0;
-  uint32_t device_id = 0;
-  uint32_t context_id = 0;
-  uint32_t stream_id = 0;
-  uint32_t correlation_id = 0;
-  uint32_t process_id = 0;  // correlation ids are numbered per process
+struct MemsetRecord : DeviceActivity {
   uint64_t bytes = 0;
   uint32_t value = 0;
 };

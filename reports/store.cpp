@@ -329,11 +329,15 @@ void Store::append_trace(int64_t run, const profiler::Trace& trace) {
                 "correlationId, globalPid, demangledName, shortName, gridX, gridY, gridZ, blockX, blockY, blockZ, "
                 "registersPerThread, staticSharedMemory, dynamicSharedMemory) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
-    // A record's own process, else the process that recorded the trace.
-    auto pid_of_record = [&](uint32_t process) { return global_pid(process != 0 ? process : trace.process_id); };
+    // Parameters 1..8 of a device activity's row: the run, then the record's times, ids and process
+    // (its own, else the process that recorded the trace).
+    auto bind_activity = [&](Statement& st, const profiler::DeviceActivity& r) -> Statement& {
+      const uint32_t process = r.process_id != 0 ? r.process_id : trace.process_id;
+      st.bind(1, run).bind(2, i64(r.start)).bind(3, i64(r.end)).bind(4, i64(r.device_id)).bind(5, i64(r.context_id));
+      return st.bind(6, i64(r.stream_id)).bind(7, i64(r.correlation_id)).bind(8, global_pid(process));
+    };
     for (const auto& r : trace.kernels) {
-      k.bind(1, run).bind(2, i64(r.start)).bind(3, i64(r.end)).bind(4, i64(r.device_id)).bind(5, i64(r.context_id));
-      k.bind(6, i64(r.stream_id)).bind(7, i64(r.correlation_id)).bind(8, pid_of_record(r.process_id));
+      bind_activity(k, r);
       k.bind(9, id_of(r.name)).bind(10, id_of(profiler::short_kernel_name(r.name)));
       k.bind(11, i64(r.grid_x)).bind(12, i64(r.grid_y)).bind(13, i64(r.grid_z));
       k.bind(14, i64(r.block_x)).bind(15, i64(r.block_y)).bind(16, i64(r.block_z));
@@ -346,11 +350,7 @@ void Store::append_trace(int64_t run, const profiler::Trace& trace) {
                 "INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY(runId, start, end, deviceId, contextId, streamId, "
                 "correlationId, globalPid, bytes, copyKind, srcKind, dstKind) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)");
     for (const auto& r : trace.memcpys) {
-      m.bind(1, run).bind(2, i64(r.start)).bind(3, i64(r.end)).bind(4, i64(r.device_id)).bind(5, i64(r.context_id));
-      m.bind(6, i64(r.stream_id))
-          .bind(7, i64(r.correlation_id))
-          .bind(8, pid_of_record(r.process_id))
-          .bind(9, i64(r.bytes));
+      bind_activity(m, r).bind(9, i64(r.bytes));
       m.bind(10, i64(r.copy_kind)).bind(11, i64(r.src_kind)).bind(12, i64(r.dst_kind));
       m.run();
     }
@@ -358,12 +358,7 @@ void Store::append_trace(int64_t run, const profiler::Trace& trace) {
                 "INSERT INTO CUPTI_ACTIVITY_KIND_MEMSET(runId, start, end, deviceId, contextId, streamId, "
                 "correlationId, globalPid, bytes, value) VALUES (?,?,?,?,?,?,?,?,?,?)");
     for (const auto& r : trace.memsets) {
-      s.bind(1, run).bind(2, i64(r.start)).bind(3, i64(r.end)).bind(4, i64(r.device_id)).bind(5, i64(r.context_id));
-      s.bind(6, i64(r.stream_id))
-          .bind(7, i64(r.correlation_id))
-          .bind(8, pid_of_record(r.process_id))
-          .bind(9, i64(r.bytes))
-          .bind(10, i64(r.value));
+      bind_activity(s, r).bind(9, i64(r.bytes)).bind(10, i64(r.value));
       s.run();
     }
     Statement a(db_, path_,
@@ -477,75 +472,65 @@ profiler::Trace Store::load_trace(int64_t run_id) const {
   (void)run(run_id);  // a missing run is an error, not an empty trace
   profiler::Trace t;
   auto u32 = [](int64_t v) { return static_cast<uint32_t>(v); };
+  // Columns 0..6 of a device activity's SELECT: start, end, deviceId, contextId, streamId,
+  // correlationId, globalPid.
+  auto read_activity = [&](Statement& st, profiler::DeviceActivity& r) {
+    r.start = static_cast<uint64_t>(st.integer(0));
+    r.end = static_cast<uint64_t>(st.integer(1));
+    r.device_id = u32(st.integer(2));
+    r.context_id = u32(st.integer(3));
+    r.stream_id = u32(st.integer(4));
+    r.correlation_id = u32(st.integer(5));
+    r.process_id = pid_of(st.integer(6));
+  };
   {
-    Statement s(
-        db_, path_,
-        "SELECT k.start, k.end, k.deviceId, k.contextId, k.streamId, k.correlationId, n.value, k.gridX, k.gridY, "
-        "k.gridZ, k.blockX, k.blockY, k.blockZ, k.registersPerThread, k.staticSharedMemory, "
-        "k.dynamicSharedMemory, k.globalPid FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds n ON n.id = "
-        "k.demangledName "
-        "WHERE k.runId = ? ORDER BY k.start");
+    Statement s(db_, path_,
+                "SELECT k.start, k.end, k.deviceId, k.contextId, k.streamId, k.correlationId, k.globalPid, n.value, "
+                "k.gridX, k.gridY, k.gridZ, k.blockX, k.blockY, k.blockZ, k.registersPerThread, "
+                "k.staticSharedMemory, k.dynamicSharedMemory FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds n "
+                "ON n.id = k.demangledName WHERE k.runId = ? ORDER BY k.start");
     s.bind(1, run_id);
     while (s.step()) {
       profiler::KernelRecord k;
-      k.start = static_cast<uint64_t>(s.integer(0));
-      k.end = static_cast<uint64_t>(s.integer(1));
-      k.device_id = u32(s.integer(2));
-      k.context_id = u32(s.integer(3));
-      k.stream_id = u32(s.integer(4));
-      k.correlation_id = u32(s.integer(5));
-      k.name = s.text(6);
-      k.grid_x = static_cast<int32_t>(s.integer(7));
-      k.grid_y = static_cast<int32_t>(s.integer(8));
-      k.grid_z = static_cast<int32_t>(s.integer(9));
-      k.block_x = static_cast<int32_t>(s.integer(10));
-      k.block_y = static_cast<int32_t>(s.integer(11));
-      k.block_z = static_cast<int32_t>(s.integer(12));
-      k.registers_per_thread = static_cast<int32_t>(s.integer(13));
-      k.static_shared_memory = static_cast<int32_t>(s.integer(14));
-      k.dynamic_shared_memory = static_cast<int32_t>(s.integer(15));
-      k.process_id = pid_of(s.integer(16));
+      read_activity(s, k);
+      k.name = s.text(7);
+      k.grid_x = static_cast<int32_t>(s.integer(8));
+      k.grid_y = static_cast<int32_t>(s.integer(9));
+      k.grid_z = static_cast<int32_t>(s.integer(10));
+      k.block_x = static_cast<int32_t>(s.integer(11));
+      k.block_y = static_cast<int32_t>(s.integer(12));
+      k.block_z = static_cast<int32_t>(s.integer(13));
+      k.registers_per_thread = static_cast<int32_t>(s.integer(14));
+      k.static_shared_memory = static_cast<int32_t>(s.integer(15));
+      k.dynamic_shared_memory = static_cast<int32_t>(s.integer(16));
       t.kernels.push_back(std::move(k));
     }
   }
   {
-    Statement s(
-        db_, path_,
-        "SELECT start, end, deviceId, contextId, streamId, correlationId, bytes, copyKind, srcKind, dstKind, globalPid "
-        "FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE runId = ? ORDER BY start");
+    Statement s(db_, path_,
+                "SELECT start, end, deviceId, contextId, streamId, correlationId, globalPid, bytes, copyKind, "
+                "srcKind, dstKind FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE runId = ? ORDER BY start");
     s.bind(1, run_id);
     while (s.step()) {
       profiler::MemcpyRecord m;
-      m.start = static_cast<uint64_t>(s.integer(0));
-      m.end = static_cast<uint64_t>(s.integer(1));
-      m.device_id = u32(s.integer(2));
-      m.context_id = u32(s.integer(3));
-      m.stream_id = u32(s.integer(4));
-      m.correlation_id = u32(s.integer(5));
-      m.bytes = static_cast<uint64_t>(s.integer(6));
-      m.copy_kind = u32(s.integer(7));
-      m.src_kind = u32(s.integer(8));
-      m.dst_kind = u32(s.integer(9));
-      m.process_id = pid_of(s.integer(10));
+      read_activity(s, m);
+      m.bytes = static_cast<uint64_t>(s.integer(7));
+      m.copy_kind = u32(s.integer(8));
+      m.src_kind = u32(s.integer(9));
+      m.dst_kind = u32(s.integer(10));
       t.memcpys.push_back(m);
     }
   }
   {
     Statement s(db_, path_,
-                "SELECT start, end, deviceId, contextId, streamId, correlationId, bytes, value, globalPid "
+                "SELECT start, end, deviceId, contextId, streamId, correlationId, globalPid, bytes, value "
                 "FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE runId = ? ORDER BY start");
     s.bind(1, run_id);
     while (s.step()) {
       profiler::MemsetRecord m;
-      m.start = static_cast<uint64_t>(s.integer(0));
-      m.end = static_cast<uint64_t>(s.integer(1));
-      m.device_id = u32(s.integer(2));
-      m.context_id = u32(s.integer(3));
-      m.stream_id = u32(s.integer(4));
-      m.correlation_id = u32(s.integer(5));
-      m.bytes = static_cast<uint64_t>(s.integer(6));
-      m.value = u32(s.integer(7));
-      m.process_id = pid_of(s.integer(8));
+      read_activity(s, m);
+      m.bytes = static_cast<uint64_t>(s.integer(7));
+      m.value = u32(s.integer(8));
       t.memsets.push_back(m);
     }
   }
