@@ -13,22 +13,13 @@
 
 #include "kernels/philox.cuh"
 #include "kernels/reference/bert_attention.h"
+#include "tests/cpu/reference_test_support.h"
 
 namespace fusekit {
 namespace {
 
-std::vector<double> random_vector(size_t n, std::mt19937_64& rng) {
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<double> v(n);
-  for (double& x : v) x = normal(rng);
-  return v;
-}
-
-double dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double sum = 0;
-  for (size_t i = 0; i < a.size(); ++i) sum += a[i] * b[i];
-  return sum;
-}
+using test::dot;
+using test::random_vector;
 
 size_t qkv_at(const reference::BertAttentionSizes& s, int b, int i, int part, int h, int c) {
   return ((((static_cast<size_t>(b) * s.seq + i) * 3 + part) * s.heads + h) * s.head_dim) + c;

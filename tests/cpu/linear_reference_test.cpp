@@ -9,16 +9,13 @@
 #include <vector>
 
 #include "kernels/reference/linear.h"
+#include "tests/cpu/reference_test_support.h"
 
 namespace fusekit {
 namespace {
 
-std::vector<double> random_vector(size_t n, std::mt19937_64& rng) {
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<double> v(n);
-  for (double& x : v) x = normal(rng);
-  return v;
-}
+using test::dot;
+using test::random_vector;
 
 // Central difference of `loss` with respect to every element of `v` (which it reads by reference).
 std::vector<double> finite_differences(std::vector<double>& v, const std::function<double()>& loss) {
@@ -40,12 +37,6 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
   ASSERT_EQ(got.size(), want.size()) << name;
   for (size_t i = 0; i < want.size(); ++i)
     EXPECT_NEAR(got[i], want[i], 1e-6 * (1 + std::abs(want[i]))) << name << "[" << i << "]";
-}
-
-double dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double sum = 0;
-  for (size_t i = 0; i < a.size(); ++i) sum += a[i] * b[i];
-  return sum;
 }
 
 TEST(LinearReference, GeluTanhIsTheTanhFormAndItsDerivativeMatchesFiniteDifferences) {

@@ -10,24 +10,15 @@
 #include <vector>
 
 #include "kernels/reference/swin_window.h"
+#include "tests/cpu/reference_test_support.h"
 
 namespace fusekit {
 namespace {
 
+using test::dot;
+using test::random_vector;
+
 constexpr double kEps = 1e-5;
-
-std::vector<double> random_vector(size_t n, std::mt19937_64& rng, double scale = 1.0, double offset = 0.0) {
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<double> v(n);
-  for (double& e : v) e = offset + scale * normal(rng);
-  return v;
-}
-
-double dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
 
 size_t elements(const reference::SwinWindowShape& s) {
   return static_cast<size_t>(s.batch) * s.height * s.width * s.channels;

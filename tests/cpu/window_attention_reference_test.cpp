@@ -11,22 +11,13 @@
 
 #include "kernels/reference/window_attention.h"
 #include "kernels/window_attention.h"
+#include "tests/cpu/reference_test_support.h"
 
 namespace fusekit {
 namespace {
 
-std::vector<double> random_vector(size_t n, std::mt19937_64& rng) {
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<double> v(n);
-  for (double& x : v) x = normal(rng);
-  return v;
-}
-
-double dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double sum = 0;
-  for (size_t i = 0; i < a.size(); ++i) sum += a[i] * b[i];
-  return sum;
-}
+using test::dot;
+using test::random_vector;
 
 TEST(WindowAttentionReference, RelativePositionIndexIsSwins) {
   // Swin: coords (y, x) of each token, relative = a - b, shifted by window - 1, y times 2 window - 1.
