@@ -190,13 +190,15 @@ std::string param_name(const ::testing::TestParamInfo<Param>& info) {
 const auto kDtypes = ::testing::Values(DType::f32, DType::f16, DType::bf16);
 const auto kOrders = ::testing::Values(ResidualOrder::post_ln, ResidualOrder::pre_ln);
 
+// 4099 x 128 and 513 x 96: 16-bit rows of 16 and 12 vectors, 4 lanes x 4 and x 3 in the forward
+// (whose loads go first there), 16 lanes x 1 in the backward (fp32: 8 lanes x 4 and x 3 forward).
 INSTANTIATE_TEST_SUITE_P(Shapes, BiasDropoutResidualLayerNormTest,
                          ::testing::Combine(kDtypes,
                                             ::testing::Values(Shape{257, 1}, Shape{300, 31}, Shape{1000, 768},
                                                               Shape{77, 1000}, Shape{64, 1536}, Shape{1, 4096},
                                                               Shape{33, 4096}, Shape{9, 12288}, Shape{3, 70000},
                                                               Shape{2, 33}, Shape{129, 768, true}, Shape{1001, 384},
-                                                              Shape{301, 200}),
+                                                              Shape{301, 200}, Shape{4099, 128}, Shape{513, 96}),
                                             ::testing::Values(0.f, 0.1f, 0.5f), kOrders),
                          param_name);
 // A million short rows: the lanes-per-row path over many blocks, and the two-stage reduction of
