@@ -246,40 +246,50 @@ struct ParameterGradients {
   T* out[K];
 };
 
-// out[k][c] = sum_p partial[p][k][c]. A block of 32 columns x 32 slices of p; the slices meet in
-// shared memory. The first stage (the backward kernels) writes one partial row per block.
+// out[k][c] = sum_p partial[p][k][c]. A block of kGradientColumns columns x 128 slices of p
+// (narrow column tiles, so that rows of 384..1024 columns give 48..128 blocks: with 32-column tiles
+// they used 12..32 multiprocessors); a warp's loads cover 4 slices of 8 columns, one 32-byte sector
+// each. The slices meet in shared memory, and warp w sums column w of the tile. The first stage
+// (the backward kernels) writes one partial row per block.
+constexpr int kGradientColumns = 8;
+constexpr int kGradientThreads = 1024;
+
 template <class T, int K>
-__global__ void parameter_gradient_kernel(const float* __restrict__ partial, int parts, int C,
-                                          ParameterGradients<T, K> gradients) {
-  __shared__ float sums[K][kWarpSize][kWarpSize + 1];
-  const int c = blockIdx.x * kWarpSize + threadIdx.x;
+__global__ void __launch_bounds__(kGradientThreads)
+    parameter_gradient_kernel(const float* __restrict__ partial, int parts, int C, ParameterGradients<T, K> gradients) {
+  constexpr int kSlices = kGradientThreads / kGradientColumns;
+  __shared__ float sums[K][kSlices][kGradientColumns + 1];
+  const int x = threadIdx.x % kGradientColumns, slice = threadIdx.x / kGradientColumns;
+  const int c0 = blockIdx.x * kGradientColumns, c = c0 + x;
   float s[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) s[k] = 0.f;
   if (c < C) {
-    for (int p = threadIdx.y; p < parts; p += blockDim.y) {
+    for (int p = slice; p < parts; p += kSlices) {
 #pragma unroll
       for (int k = 0; k < K; ++k) s[k] += partial[(static_cast<size_t>(p) * K + k) * C + c];
     }
   }
 #pragma unroll
-  for (int k = 0; k < K; ++k) sums[k][threadIdx.y][threadIdx.x] = s[k];
+  for (int k = 0; k < K; ++k) sums[k][slice][x] = s[k];
   __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    for (int i = 1; i < blockDim.y; ++i) {
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  if (warp < kGradientColumns && c0 + warp < C) {
 #pragma unroll
-      for (int k = 0; k < K; ++k) s[k] += sums[k][i][threadIdx.x];
+    for (int k = 0; k < K; ++k) {
+      float v = 0.f;
+      for (int i = lane; i < kSlices; i += kWarpSize) v += sums[k][i][warp];
+      v = warp_sum(v);
+      if (lane == 0) gradients.out[k][c0 + warp] = from_float<T>(v);
     }
-#pragma unroll
-    for (int k = 0; k < K; ++k) gradients.out[k][c] = from_float<T>(s[k]);
   }
 }
 
 template <class T, int K>
 void launch_parameter_gradients(const float* partial, int parts, int C, ParameterGradients<T, K> gradients,
                                 cudaStream_t stream) {
-  const dim3 threads(kWarpSize, kWarpSize);
-  parameter_gradient_kernel<T, K><<<ceil_div(C, kWarpSize), threads, 0, stream>>>(partial, parts, C, gradients);
+  parameter_gradient_kernel<T, K>
+      <<<ceil_div(C, kGradientColumns), kGradientThreads, 0, stream>>>(partial, parts, C, gradients);
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }
 

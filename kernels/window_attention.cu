@@ -123,6 +123,17 @@ struct WindowDeal {
   int chunk;
   int parts;
   int blocks(int heads) const { return heads * mask_windows * parts; }
+
+  // Block `index`'s head h, mask window m, part of its class and windows' range [first, last) of k.
+  struct Block {
+    int h, m, part, first, last;
+  };
+  __device__ Block block(unsigned index) const {  // unsigned: blockIdx.x
+    const int cls = index / parts, part = index % parts;
+    const int h = cls / mask_windows, m = cls % mask_windows;
+    const int first = part * chunk;
+    return {h, m, part, first, min(per_class, first + chunk)};
+  }
 };
 
 WindowDeal deal_windows(const WindowAttentionShape& s, int chunk) {
@@ -305,9 +316,8 @@ __global__ void __launch_bounds__(SmallWindow<T, D>::kThreads)
   constexpr int N = C::kN;
   extern __shared__ __align__(128) unsigned char shared[];
   T* tiles = reinterpret_cast<T*>(shared);  // [stage][Q, K, V][kRows][kLd]
-  const int cls = blockIdx.x / deal.parts, part = blockIdx.x % deal.parts;
-  const int h = cls / deal.mask_windows, m = cls % deal.mask_windows;
-  const int first = part * deal.chunk, last = min(deal.per_class, first + deal.chunk);
+  const WindowDeal::Block block = deal.block(blockIdx.x);
+  const int h = block.h, m = block.m, first = block.first, last = block.last;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
   const int r0 = 16 * warp + g, r1 = r0 + 8;
   const size_t qkv_stride = 3 * static_cast<size_t>(heads) * D, out_stride = static_cast<size_t>(heads) * D;
@@ -381,9 +391,8 @@ __global__ void __launch_bounds__(SmallWindow<T, D>::kThreads, SmallWindow<T, D>
   T* ds_t = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(probs_t) + C::kTransposedBytes);  // dS^T
   float* row_lse =
       reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(ds_t) + C::kTransposedBytes);  // [stage][kRows]
-  const int cls = blockIdx.x / deal.parts, part = blockIdx.x % deal.parts;
-  const int h = cls / deal.mask_windows, m = cls % deal.mask_windows;
-  const int first = part * deal.chunk, last = min(deal.per_class, first + deal.chunk);
+  const WindowDeal::Block block = deal.block(blockIdx.x);
+  const int h = block.h, m = block.m, part = block.part, first = block.first, last = block.last;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
   const int r0 = 16 * warp + g, r1 = r0 + 8;
   const size_t qkv_stride = 3 * static_cast<size_t>(heads) * D, out_stride = static_cast<size_t>(heads) * D;
@@ -552,6 +561,27 @@ struct LargeWindow {
   static_assert(kForwardBytes <= 227 * 1024 && kBackwardBytes <= 227 * 1024, "shared memory of one block on sm_90");
 };
 
+// This thread's (bias + mask) log2 e into its slots of the warp's table (slots[j * 32], j < kTiles):
+// fragment rows r0 (elements 0, 1) and r0 + 8 (2, 3), columns 8j + 2t (+1). The fragment is S
+// (rows are queries) or, kTransposed, S^T (rows are keys); bias and mask are [query][key].
+template <class C, bool kTransposed>
+__device__ __forceinline__ void store_window_bias(float4* slots, const float* __restrict__ bias_h,
+                                                  const float* __restrict__ mask_m, int r0, int t) {
+  constexpr int N = C::kN;
+#pragma unroll 6
+  for (int j = 0; j < C::kTiles; ++j) {
+    float value[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e < 2 ? r0 : r0 + 8;
+      const int ij = kTransposed ? (8 * j + 2 * t + (e & 1)) * N + r : r * N + 8 * j + 2 * t + (e & 1);
+      value[e] = __ldg(bias_h + ij);
+      if (mask_m) value[e] += __ldg(mask_m + ij);
+    }
+    slots[j * kWarpSize] = make_float4(value[0] * kLog2e, value[1] * kLog2e, value[2] * kLog2e, value[3] * kLog2e);
+  }
+}
+
 // The window's kN rows from rows `stride` elements apart into a tile of rows LD apart,
 // asynchronously, 16 bytes a copy.
 template <class T, int D, int LD = LargeWindow<T, D>::kLd>
@@ -641,9 +671,8 @@ __global__ void __launch_bounds__(LargeWindow<T, D>::kThreads, 1)
   extern __shared__ __align__(128) unsigned char shared[];
   T* tiles = reinterpret_cast<T*>(shared);  // [stage][Q, K, V][kN][kLd]
   float4* table = reinterpret_cast<float4*>(shared + 2 * C::kForwardTiles * C::kTileBytes);
-  const int cls = blockIdx.x / deal.parts, part = blockIdx.x % deal.parts;
-  const int h = cls / deal.mask_windows, m = cls % deal.mask_windows;
-  const int first = part * deal.chunk, last = min(deal.per_class, first + deal.chunk);
+  const WindowDeal::Block block = deal.block(blockIdx.x);
+  const int h = block.h, m = block.m, first = block.first, last = block.last;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
   const int row = 16 * warp;  // the warp's queries
   const size_t qkv_stride = 3 * static_cast<size_t>(heads) * D, out_stride = static_cast<size_t>(heads) * D;
@@ -662,21 +691,8 @@ __global__ void __launch_bounds__(LargeWindow<T, D>::kThreads, 1)
   // This thread's (bias + mask) log2 e at its S positions: query rows row + g (elements 0, 1) and
   // row + g + 8 (2, 3), keys 8j + 2t (+1).
   float4* slots = table + warp * C::kTiles * kWarpSize + lane;
-  {
-    const float* bias_h = bias + static_cast<size_t>(h) * N * N;
-    const float* mask_m = mask ? mask + static_cast<size_t>(m) * N * N : nullptr;
-#pragma unroll 6
-    for (int j = 0; j < C::kTiles; ++j) {
-      float value[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int ij = (e < 2 ? row + g : row + g + 8) * N + 8 * j + 2 * t + (e & 1);
-        value[e] = __ldg(bias_h + ij);
-        if (mask_m) value[e] += __ldg(mask_m + ij);
-      }
-      slots[j * kWarpSize] = make_float4(value[0] * kLog2e, value[1] * kLog2e, value[2] * kLog2e, value[3] * kLog2e);
-    }
-  }
+  store_window_bias<C, false>(slots, bias + static_cast<size_t>(h) * N * N,
+                              mask ? mask + static_cast<size_t>(m) * N * N : nullptr, row + g, t);
   const float qk_scale = scale * kLog2e;
 
   for (int k = first; k < last; ++k) {
@@ -747,9 +763,8 @@ __global__ void __launch_bounds__(LargeWindow<T, D>::kThreads, 1)
   T* o_tile = reinterpret_cast<T*>(after_tiles + C::kTableBytes + C::kTransposedBytes);  // O [query][D]
   float* row_lse = reinterpret_cast<float*>(after_tiles + C::kTableBytes + C::kTransposedBytes + C::kOutBytes);
   float* row_d = row_lse + kStages * N;  // row_lse: [stage][kN]
-  const int cls = blockIdx.x / deal.parts, part = blockIdx.x % deal.parts;
-  const int h = cls / deal.mask_windows, m = cls % deal.mask_windows;
-  const int first = part * deal.chunk, last = min(deal.per_class, first + deal.chunk);
+  const WindowDeal::Block block = deal.block(blockIdx.x);
+  const int h = block.h, m = block.m, part = block.part, first = block.first, last = block.last;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
   const int row = 16 * warp;  // the warp's keys (and its queries for dQ)
   const size_t qkv_stride = 3 * static_cast<size_t>(heads) * D, out_stride = static_cast<size_t>(heads) * D;
@@ -772,21 +787,8 @@ __global__ void __launch_bounds__(LargeWindow<T, D>::kThreads, 1)
   // This thread's (bias + mask) log2 e at its S^T positions: keys row + g (elements 0, 1) and
   // row + g + 8 (2, 3), queries 8j + 2t (+1); bias and mask are [query][key].
   float4* slots = table + warp * C::kTiles * kWarpSize + lane;
-  {
-    const float* bias_h = bias + static_cast<size_t>(h) * N * N;
-    const float* mask_m = mask ? mask + static_cast<size_t>(m) * N * N : nullptr;
-#pragma unroll 6
-    for (int j = 0; j < C::kTiles; ++j) {
-      float value[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int ij = (8 * j + 2 * t + (e & 1)) * N + (e < 2 ? row + g : row + g + 8);
-        value[e] = __ldg(bias_h + ij);
-        if (mask_m) value[e] += __ldg(mask_m + ij);
-      }
-      slots[j * kWarpSize] = make_float4(value[0] * kLog2e, value[1] * kLog2e, value[2] * kLog2e, value[3] * kLog2e);
-    }
-  }
+  store_window_bias<C, true>(slots, bias + static_cast<size_t>(h) * N * N,
+                             mask ? mask + static_cast<size_t>(m) * N * N : nullptr, row + g, t);
   float dbias[C::kTiles][4] = {};  // dS^T at this thread's positions, summed over the block's windows
   const float qk_scale = scale * kLog2e;
 
