@@ -69,6 +69,14 @@ struct alignas(sizeof(T) * N) Vec {
     return out;
   }
   __device__ __forceinline__ void store(T* p) const { *reinterpret_cast<Vec*>(p) = *this; }
+  // Streaming store (evict first) for outputs too large to stay in L2 until they are read.
+  __device__ __forceinline__ void store_stream(T* p) const {
+    if constexpr (sizeof(Vec) == 16) {
+      __stcs(reinterpret_cast<int4*>(p), *reinterpret_cast<const int4*>(this));
+    } else {
+      store(p);
+    }
+  }
 };
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -23,6 +23,17 @@ inline int multiprocessors() {
   return count;
 }
 
+// Bytes of L2 cache on the current device (asked once per process).
+inline size_t l2_cache_bytes() {
+  static const size_t bytes = [] {
+    int device = 0, l2 = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
+    return static_cast<size_t>(std::max(l2, 0));
+  }();
+  return bytes;
+}
+
 // Blocks of `threads` threads and `shared` bytes of dynamic shared memory that fit on the GPU at once.
 template <class Kernel>
 int resident_blocks(Kernel kernel, int threads, size_t shared = 0) {

@@ -7,7 +7,8 @@
 //             dgamma[c] = sum_r dy * xhat,  dbeta[c] = sum_r dy
 //
 // x, y, dy, dx: [rows, C] row-major; gamma, beta, dgamma, dbeta: [C]; all of one storage type
-// (float, half or bfloat16). mean and rstd: [rows] float, saved by the forward for the backward.
+// (float, half or bfloat16). mean and rstd: [rows] float, saved by the forward for the backward;
+// both null for inference (nothing saved; y is the same to the bit).
 // Arithmetic is in float. dgamma and dbeta are reduced in two stages without atomics: per-block
 // partial sums into `workspace`, then one pass over the partials.
 #pragma once

@@ -1,8 +1,9 @@
 // Operator-suite cases for LayerNorm: forward, and forward + backward, fused and (where libtorch is
 // built in) the libtorch baseline, on rotated input sets.
 //
-// Bytes that must move: forward reads x, gamma, beta and writes y, mean, rstd; backward reads dy,
-// x, gamma, mean, rstd and writes dx, dgamma, dbeta.
+// A forward-only case is inference, as the peers time it (under no_grad): the fused forward saves no
+// mean and rstd. Bytes that must move: the forward reads x, gamma, beta and writes y (and mean, rstd
+// when a backward follows); the backward reads dy, x, gamma, mean, rstd and writes dx, dgamma, dbeta.
 #include <memory>
 #include <optional>
 #include <vector>
@@ -60,9 +61,10 @@ struct LayerNormOperands {
 
 double bytes_moved(Shape2 shape, kernels::DType dtype, bool backward) {
   const double n = static_cast<double>(shape.rows) * shape.columns, s = kernels::dtype_size(dtype);
-  const double forward = 2 * n * s + 2 * shape.columns * s + 2.0 * shape.rows * 4;
-  const double back = 3 * n * s + 3 * shape.columns * s + 2.0 * shape.rows * 4;
-  return backward ? forward + back : forward;
+  const double forward = 2 * n * s + 2 * shape.columns * s;
+  const double statistics = 2.0 * shape.rows * 4;  // mean and rstd, written and read once each
+  const double back = 3 * n * s + 3 * shape.columns * s;
+  return backward ? forward + back + 2 * statistics : forward;
 }
 
 std::vector<Case> layernorm_cases(Shape2 shape, kernels::DType dtype, bool backward) {
@@ -80,9 +82,10 @@ std::vector<Case> layernorm_cases(Shape2 shape, kernels::DType dtype, bool backw
                    [operands, shape, dtype, backward](cudaStream_t stream, int rep) {
                      LayerNormOperands& o = **operands;
                      const int s = rep % o.sets;
-                     kernels::layernorm_forward(dtype, o.x[s].get(), o.gamma.get(), o.beta.get(), o.y[s].get(),
-                                                o.mean[s].as<float>(), o.rstd[s].as<float>(), shape.rows, shape.columns,
-                                                kEps, stream);
+                     float* mean = backward ? o.mean[s].as<float>() : nullptr;  // null: inference
+                     float* rstd = backward ? o.rstd[s].as<float>() : nullptr;
+                     kernels::layernorm_forward(dtype, o.x[s].get(), o.gamma.get(), o.beta.get(), o.y[s].get(), mean,
+                                                rstd, shape.rows, shape.columns, kEps, stream);
                      if (backward) {
                        kernels::layernorm_backward(dtype, o.dy[s].get(), o.x[s].get(), o.gamma.get(),
                                                    o.mean[s].as<float>(), o.rstd[s].as<float>(), o.dx[s].get(),
