@@ -1,7 +1,8 @@
 // Swin's window operations against their float64 references (kernels/reference/swin_window.h), on
 // fresh random inputs with every output poisoned (NaN) before the run: fp32, fp16 and bf16; windows
 // 7 and 12, shift 0 and ws / 2; one window (H = W = ws) and several, H != W; B = 1, 2, 3; C = 31
-// and 999 (the scalar path, lanes and a block per row), 96, 192, 384, 768 (16-byte vectors).
+// and 999 (the scalar path, lanes and a block per row), 96, 192, 384, 768 (16-byte vectors); a merge
+// output larger than L2 (its streaming stores).
 // window_partition: windows, mean, rstd (per window token), dx, dgamma, dbeta; window_merge: y (also
 // written over its own shortcut), dwindows (a copy: exact); patch_merging: y, mean, rstd, dx,
 // dgamma, dbeta. And the shapes the maps do not cover are one std::invalid_argument.
@@ -121,17 +122,18 @@ std::string window_name(const ::testing::TestParamInfo<WindowParam>& info) {
 
 std::vector<WindowParam> window_params() {
   const std::vector<WindowShape> shapes = {
-      {1, 7, 7, 96, 7, 0},      // one window, B = 1
-      {1, 7, 7, 96, 7, 3},      // one window, shifted onto itself
-      {3, 14, 21, 31, 7, 3},    // odd C (scalar path), H != W, B = 3
-      {3, 14, 14, 192, 7, 0},   // several windows, no shift
-      {2, 28, 28, 384, 7, 3},   // Swin-T stage 3 channels
-      {1, 7, 7, 768, 7, 0},     // Swin-T stage 4
-      {8, 56, 56, 96, 7, 3},    // Swin-T stage 1 at batch 8
-      {1, 12, 12, 31, 12, 6},   // window 12: one window, odd C
-      {3, 24, 36, 192, 12, 6},  // window 12, shifted, H != W
-      {2, 24, 24, 96, 12, 0},   // window 12, no shift
-      {1, 7, 14, 999, 7, 3},    // odd C, a block per row
+      {1, 7, 7, 96, 7, 0},       // one window, B = 1
+      {1, 7, 7, 96, 7, 3},       // one window, shifted onto itself
+      {3, 14, 21, 31, 7, 3},     // odd C (scalar path), H != W, B = 3
+      {3, 14, 14, 192, 7, 0},    // several windows, no shift
+      {2, 28, 28, 384, 7, 3},    // Swin-T stage 3 channels
+      {1, 7, 7, 768, 7, 0},      // Swin-T stage 4
+      {8, 56, 56, 96, 7, 3},     // Swin-T stage 1 at batch 8
+      {1, 12, 12, 31, 12, 6},    // window 12: one window, odd C
+      {3, 24, 36, 192, 12, 6},   // window 12, shifted, H != W
+      {2, 24, 24, 96, 12, 0},    // window 12, no shift
+      {1, 7, 14, 999, 7, 3},     // odd C, a block per row
+      {16, 96, 96, 192, 12, 6},  // merge output past L2 (56 MB in 16 bits): streaming stores
   };
   std::vector<WindowParam> params;
   for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
