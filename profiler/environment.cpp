@@ -31,17 +31,33 @@ bool is_commit(const std::string& s) {
   return s.size() == 40 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
 
-// FUSEKIT_GIT_COMMIT if set (a copy of the tree without .git), else the source tree's commit now,
-// which may be newer than the configured one, else the configured one.
-std::string git_commit() {
-  if (const char* given = std::getenv("FUSEKIT_GIT_COMMIT"); given && is_commit(given)) return given;
-  std::string command = "git -C '" FUSEKIT_SOURCE_DIR "' rev-parse HEAD 2>/dev/null";
+// The first line `command` prints, without its line end ("" if it fails or prints nothing).
+std::string first_line_of(const std::string& command) {
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
   std::array<char, 128> buf{};
   std::string out;
   if (pipe && fgets(buf.data(), buf.size(), pipe.get())) out = buf.data();
   while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  if (is_commit(out)) return out;
+  return out;
+}
+
+// FUSEKIT_GIT_COMMIT if set (a copy of the tree without .git), else the source tree's commit now,
+// which may be newer than the configured one, else the configured one. A source tree with changes
+// to tracked files that are not committed gets a warning: the commit recorded does not describe
+// what was built (a tree copied over an older checkout looks like that too).
+std::string git_commit() {
+  if (const char* given = std::getenv("FUSEKIT_GIT_COMMIT"); given && is_commit(given)) return given;
+  const std::string git = "git -C '" FUSEKIT_SOURCE_DIR "' ";
+  const std::string head = first_line_of(git + "rev-parse HEAD 2>/dev/null");
+  if (is_commit(head)) {
+    if (!first_line_of(git + "status --porcelain --untracked-files=no 2>/dev/null").empty()) {
+      std::fprintf(stderr,
+                   "fusekit: warning: the source tree has changes that are not committed; the run records %s, "
+                   "which does not describe them (commit them, or set FUSEKIT_GIT_COMMIT)\n",
+                   head.c_str());
+    }
+    return head;
+  }
   return is_commit(FUSEKIT_BUILD_COMMIT) ? FUSEKIT_BUILD_COMMIT : "";
 }
 
