@@ -104,8 +104,8 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     for (int j = 0; j < NV; ++j) {
       const int c = (j * TPR + t) * VEC;
       if (valid && c < C) {
-        const V xv = kLoadsFirst ? x_in[j] : V::load_stream(a.x + base + c);
-        const V rv = kLoadsFirst ? r_in[j] : V::load_stream(a.residual + base + c);
+        const V xv = loaded_or_load<kLoadsFirst>(x_in[j], a.x + base + c);
+        const V rv = loaded_or_load<kLoadsFirst>(r_in[j], a.residual + base + c);
         const V bv = V::load(a.bias + c);
         const uint32_t kept = a.dropout.template kept_bits<VEC>(base + c);
         V hv;
@@ -241,12 +241,12 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
       if (valid && c < C) {
         kept[j] = a.dropout.template kept_bits<VEC>(base + c);
         if (a.pre_ln) {
-          const V in = kLoadsFirst ? x_in[j] : V::load_stream(a.h + base + c);
+          const V in = loaded_or_load<kLoadsFirst>(x_in[j], a.h + base + c);
 #pragma unroll
           for (int k = 0; k < VEC; ++k) hv[j][k] = to_float(in.v[k]);
         } else {
-          const V xv = kLoadsFirst ? x_in[j] : V::load_stream(a.x + base + c);
-          const V rv = kLoadsFirst ? r_in[j] : V::load_stream(a.residual + base + c);
+          const V xv = loaded_or_load<kLoadsFirst>(x_in[j], a.x + base + c);
+          const V rv = loaded_or_load<kLoadsFirst>(r_in[j], a.residual + base + c);
           const V bv = V::load(a.bias + c);
 #pragma unroll
           for (int k = 0; k < VEC; ++k)

@@ -121,6 +121,16 @@ __device__ __forceinline__ void load_vectors(V (&out)[NV], bool valid, int C, in
   }
 }
 
+// A vector that load_vectors already loaded (LOADED) or a streaming load of it now: the row
+// kernels that load first only in some configurations read their operands through this.
+template <bool LOADED, class V, class T>
+__device__ __forceinline__ V loaded_or_load(const V& loaded, const T* p) {
+  if constexpr (LOADED)
+    return loaded;
+  else
+    return V::load_stream(p);
+}
+
 // The end of a backward kernel's first reduction stage: each thread holds K parameter-gradient
 // accumulators for its columns (acc[k][j][v] for column (j * TPR + t) * VEC + v), summed over the
 // rows it visited; the block writes their sum over its row groups as K partial rows of C floats,
