@@ -23,15 +23,16 @@ inline int multiprocessors() {
   return count;
 }
 
-// Bytes of L2 cache on the current device (asked once per process).
-inline size_t l2_cache_bytes() {
-  static const size_t bytes = [] {
-    int device = 0, l2 = 0;
+// Whether `bytes` exceed the current device's L2 cache (its size asked once per process): an output
+// that large cannot stay in L2 until it is read, so kernels store it streaming.
+inline bool larger_than_l2(size_t bytes) {
+  static const size_t l2 = [] {
+    int device = 0, size = 0;
     cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
-    return static_cast<size_t>(std::max(l2, 0));
+    cudaDeviceGetAttribute(&size, cudaDevAttrL2CacheSize, device);
+    return static_cast<size_t>(std::max(size, 0));
   }();
-  return bytes;
+  return bytes > l2;
 }
 
 // Blocks of `threads` threads and `shared` bytes of dynamic shared memory that fit on the GPU at once.

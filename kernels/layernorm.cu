@@ -272,9 +272,9 @@ struct ForwardLaunch {
   int threads;
   bool stream;
 };
-ForwardLaunch forward_launch(bool inference, bool larger_than_l2, int rows_per_group, int tpr) {
-  if (tpr > kWarpSize) return {tpr, inference && larger_than_l2};
-  return {inference && rows_per_group == 1 ? kWarpSize : kLaneKernelThreads, inference && larger_than_l2};
+ForwardLaunch forward_launch(bool inference, bool y_past_l2, int rows_per_group, int tpr) {
+  const int lane_threads = inference && rows_per_group == 1 ? kWarpSize : kLaneKernelThreads;
+  return {tpr > kWarpSize ? tpr : lane_threads, inference && y_past_l2};
 }
 
 template <class T>
@@ -282,7 +282,7 @@ void forward_typed(const T* x, const T* gamma, const T* beta, T* y, float* mean,
                    float eps, cudaStream_t stream) {
   const int vec = vector_width<T>(C, {x, gamma, beta, y});
   const Config config = choose_forward_config(C / vec);
-  const bool larger_than_l2 = static_cast<size_t>(rows) * C * sizeof(T) > l2_cache_bytes();
+  const bool y_past_l2 = larger_than_l2(static_cast<size_t>(rows) * C * sizeof(T));
   auto launch = [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
     const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
@@ -290,7 +290,7 @@ void forward_typed(const T* x, const T* gamma, const T* beta, T* y, float* mean,
       const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
       static const int resident = resident_blocks(layernorm_forward_kernel<T, VEC, NV, TPR, false>, threads);
       const int per_group = forward_rows_per_group(ceil_div(rows, threads / TPR), resident);
-      const ForwardLaunch l = forward_launch(mean == nullptr, larger_than_l2, per_group, TPR);
+      const ForwardLaunch l = forward_launch(mean == nullptr, y_past_l2, per_group, TPR);
       const int blocks = ceil_div(rows, l.threads / TPR * per_group);
       auto kernel =
           l.stream ? layernorm_forward_kernel<T, VEC, NV, TPR, true> : layernorm_forward_kernel<T, VEC, NV, TPR, false>;

@@ -108,7 +108,7 @@ template <class T>
 void merge_forward_typed(const T* windows, const T* shortcut, T* y, const WindowShape& s, cudaStream_t stream) {
   const int vec = vector_width<T>(s.channels, {windows, shortcut, y});
   const int rows = static_cast<int>(s.tokens());
-  const bool stream_y = static_cast<size_t>(s.tokens()) * s.channels * sizeof(T) > l2_cache_bytes();
+  const bool stream_y = larger_than_l2(static_cast<size_t>(s.tokens()) * s.channels * sizeof(T));
   layernorm_rows::dispatch_vector_width<T>(vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
     auto kernel = stream_y ? window_merge_forward_kernel<T, VEC, true> : window_merge_forward_kernel<T, VEC, false>;
