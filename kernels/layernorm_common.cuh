@@ -64,6 +64,40 @@ inline Config choose_backward_config(int vectors) {
   return choose_config(vectors, 4);
 }
 
+// A block per row with one vector a thread, for rows of 33..256 vectors of 16 bytes: 64, 128 or 256
+// threads ({0, 0} outside that range). The fused backwards, which keep three or more sums per column
+// besides the row, take it where it measured faster (see their launchers): the sums stay in registers
+// (VEC floats each), and each column has one owner thread in the block, so sums kept per block need
+// no atomics. A 768-column fp16 row leaves the last warp idle; 96-thread blocks measured no faster
+// (embedding backward, 8192 x 768). LayerNorm's own backward measured slower with it (H100, fp16,
+// 8192 x 768: 29.1 against 25.8 us; 16384 x 1024: 62.8 against 51.2) and keeps lanes per row.
+inline Config block_row_config(int vectors) {
+  if (vectors <= kWarpSize) return {0, 0};
+  for (int tpr : {64, 128, 256}) {
+    if (vectors <= tpr) return {tpr, 1};
+  }
+  return {0, 0};
+}
+
+// Maps a block_row_config to the kernel template, as dispatch_config: FN(TPR, NV = 1).
+template <class FN>
+bool dispatch_block_row_config(Config config, FN&& fn) {
+  if (config.nv != 1) return false;
+  switch (config.tpr) {
+    case 64:
+      fn(std::integral_constant<int, 64>{}, std::integral_constant<int, 1>{});
+      return true;
+    case 128:
+      fn(std::integral_constant<int, 128>{}, std::integral_constant<int, 1>{});
+      return true;
+    case 256:
+      fn(std::integral_constant<int, 256>{}, std::integral_constant<int, 1>{});
+      return true;
+    default:
+      return false;
+  }
+}
+
 // The most partial rows a backward writes (its workspace is sized for them): enough blocks to fill
 // the GPU, at least 8 rows a block beyond that (the partials' traffic stays small next to the
 // rows'), at most 16 a multiprocessor. The backward launches one wave: as many of them as are

@@ -215,14 +215,15 @@ std::string param_name(const ::testing::TestParamInfo<Param>& info) {
          "_v" + std::to_string(shape.vocab) + "_p" + std::to_string(static_cast<int>(p * 100));
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, EmbeddingLayerNormTest,
-                         ::testing::Combine(::testing::Values(DType::f32, DType::f16, DType::bf16),
-                                            ::testing::Values(Shape{257, 1, 50}, Shape{300, 31, 97},
-                                                              Shape{77, 1000, 500}, Shape{1000, 768, 4000},
-                                                              Shape{1, 768, 30522}, Shape{513, 1024, 2000},
-                                                              Shape{5, 12288, 40}, Shape{33, 1001, 70, 3, 1}),
-                                            ::testing::Values(0.f, 0.1f)),
-                         param_name);
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, EmbeddingLayerNormTest,
+    ::testing::Combine(::testing::Values(DType::f32, DType::f16, DType::bf16),
+                       ::testing::Values(Shape{257, 1, 50}, Shape{300, 31, 97}, Shape{77, 1000, 500},
+                                         Shape{1000, 768, 4000}, Shape{1, 768, 30522}, Shape{513, 1024, 2000},
+                                         Shape{5, 12288, 40}, Shape{33, 1001, 70, 3, 1}, Shape{2000, 384, 5000, 64, 3},
+                                         Shape{50, 264, 100}, Shape{64, 2048, 300}),
+                       ::testing::Values(0.f, 0.1f)),
+    param_name);
 
 // 8192 tokens on 4 word rows (about 2048 de rows each) and 2 token types: the table gradients must
 // be summed in float. The same sums done in fp16, rounding after every add in token order, miss
