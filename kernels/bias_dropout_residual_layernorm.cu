@@ -354,10 +354,15 @@ constexpr int kBackwardMaxThreadsPerRow = 256;
 template <class T>
 void forward_typed(const ForwardArgs<T>& a, cudaStream_t stream) {
   const int vec = vector_width<T>(a.C, {a.x, a.bias, a.residual, a.gamma, a.beta, a.h, a.y});
-  const Config config = choose_row_config(a.C / vec, 1024, vec);
+  Config config = choose_row_config(a.C / vec, 1024, vec);
+  // Rows of 97..128 vectors (1024 16-bit columns): a block of 64 threads a row, two vectors each,
+  // not a warp of four. H100, fp16 post-LN forward: 16384 x 1024 44.4 -> 40.2 us, 8192 x 1024
+  // 24.6 -> 23.2 us. At 768 columns (96 vectors) a warp per row stays faster.
+  const bool pair_rows = vec > 1 && a.C / vec > 3 * kWarpSize && a.C / vec <= 4 * kWarpSize;
+  if (pair_rows) config = {2 * kWarpSize, 2};
   dispatch_vector_width<T>(vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
-    const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
+    auto launch = [&](auto tpr_c, auto nv_c) {
       constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
       if constexpr (kRowConfigBuilt<VEC, NV>) {
         const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
@@ -365,7 +370,12 @@ void forward_typed(const ForwardArgs<T>& a, cudaStream_t stream) {
         const int blocks = std::min(ceil_div(a.rows, rows_per_block), 64 * multiprocessors());
         bias_dropout_residual_layernorm_forward_kernel<T, VEC, NV, TPR><<<blocks, threads, 0, stream>>>(a);
       }
-    });
+    };
+    bool done = true;
+    if (pair_rows)
+      launch(std::integral_constant<int, 2 * kWarpSize>{}, std::integral_constant<int, 2>{});
+    else
+      done = dispatch_config(config, launch);
     if (!done) {
       const int blocks = std::min(a.rows, 64 * multiprocessors());
       bias_dropout_residual_layernorm_forward_looping_kernel<T><<<blocks, 1024, 0, stream>>>(a);
@@ -379,19 +389,21 @@ void backward_typed(BackwardArgs<T> a, T* dgamma, T* dbeta, T* dbias, cudaStream
   const int vec = vector_width<T>(a.C, {a.dy, a.dh_extra, a.h, a.x, a.bias, a.residual, a.gamma, a.dx, a.dresidual});
   Config config = choose_row_config(a.C / vec, kBackwardMaxThreadsPerRow, vec);
   if (vec > 1 && config.tpr > 0 && config.tpr <= kWarpSize) config = choose_backward_config(a.C / vec);
-  // Rows of 33..64 vectors: a warp per row, two vectors a lane, its sums in shared memory, in blocks
-  // of 128 threads; not 16 lanes of 3 or 4 vectors with 72 or 96 sums in registers. Measured on the
-  // H100 (backward alone, fp16 100352 x 384): 205 against 260 us (227 in blocks of 256 threads).
-  const bool short_warp_rows = vec > 1 && a.C / vec > kWarpSize && a.C / vec <= 2 * kWarpSize;
-  if (short_warp_rows) config = {kWarpSize, 2};
+  // Rows of 33..96 vectors: a block per row, one vector a thread, the sums in registers
+  // (block_row_config). H100, backward alone, fp16 post-LN, against a warp per row with its sums in
+  // shared memory: 100352 x 384 179.5 -> 167.9 us (64 threads), 8192 x 768 43.9 -> 40.3 us and
+  // 6272 x 768 36.5 -> 34.6 us (128 threads). At 1024 columns it was no faster (16384 rows: 88.9
+  // both) or slower (8192 rows: 59.0 against 52.3 us), so rows of 97 vectors and more keep the warp.
+  const bool block_rows = vec > 1 && a.C / vec > kWarpSize && a.C / vec <= 3 * kWarpSize;
+  if (block_rows) config = block_row_config(a.C / vec);
   const int limit = backward_block_limit(a.rows);
   int blocks = limit;
   dispatch_vector_width<T>(vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
-    const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
+    auto launch = [&](auto tpr_c, auto nv_c) {
       constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
       if constexpr (TPR <= kBackwardMaxThreadsPerRow && kRowConfigBuilt<VEC, NV>) {
-        const int threads = short_warp_rows ? 128 : TPR <= kWarpSize ? kLaneKernelThreads : TPR;
+        const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
         const size_t shared = TPR <= kWarpSize ? sizeof(float) * 3 * a.C * (threads / kWarpSize) : 0;
         auto kernel = bias_dropout_residual_layernorm_backward_kernel<T, VEC, NV, TPR>;
         if (shared > 48 * 1024) {
@@ -405,7 +417,8 @@ void backward_typed(BackwardArgs<T> a, T* dgamma, T* dbeta, T* dbias, cudaStream
                                        ceil_div(std::max(a.rows, 1), rows_per_block)}));
         kernel<<<blocks, threads, shared, stream>>>(a);
       }
-    });
+    };
+    const bool done = dispatch_block_row_config(config, launch) || dispatch_config(config, launch);
     if (!done) bias_dropout_residual_layernorm_backward_looping_kernel<T><<<blocks, 1024, 0, stream>>>(a);
   });
   FUSEKIT_CUDA_CHECK(cudaGetLastError());

@@ -198,7 +198,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, BiasDropoutResidualLayerNormTest,
                                                               Shape{77, 1000}, Shape{64, 1536}, Shape{1, 4096},
                                                               Shape{33, 4096}, Shape{9, 12288}, Shape{3, 70000},
                                                               Shape{2, 33}, Shape{129, 768, true}, Shape{1001, 384},
-                                                              Shape{301, 200}, Shape{4099, 128}, Shape{513, 96}),
+                                                              Shape{301, 200}, Shape{4099, 128}, Shape{513, 96},
+                                                              Shape{333, 1024}, Shape{77, 500}),
                                             ::testing::Values(0.f, 0.1f, 0.5f), kOrders),
                          param_name);
 // A million short rows: the lanes-per-row path over many blocks, and the two-stage reduction of
