@@ -199,6 +199,7 @@ __global__ void bias_dropout_residual_layernorm_forward_looping_kernel(const For
 template <class T, int VEC, int NV, int TPR>
 __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     bias_dropout_residual_layernorm_backward_kernel(const BackwardArgs<T> a) {
+  wait_for_prior_grid();  // launch_after_prior
   __shared__ float scratch[kWarpSize];
   extern __shared__ float warp_partial[];  // lanes per row: [warps][3][C] (ColumnSums)
   using V = Vec<T, VEC>;
@@ -415,7 +416,7 @@ void backward_typed(BackwardArgs<T> a, T* dgamma, T* dbeta, T* dbias, cudaStream
         const int rows_per_block = threads / TPR;
         blocks = std::max(1, std::min({limit, resident_blocks(kernel, threads, shared),
                                        ceil_div(std::max(a.rows, 1), rows_per_block)}));
-        kernel<<<blocks, threads, shared, stream>>>(a);
+        launch_after_prior(kernel, dim3(blocks), dim3(threads), shared, stream, a);
       }
     };
     const bool done = dispatch_block_row_config(config, launch) || dispatch_config(config, launch);

@@ -22,6 +22,15 @@ constexpr int kWarpSize = 32;
 
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// The first statement of a kernel launched by launch_after_prior (launch.h): waits until the kernel
+// before it in the stream has finished and its writes are visible. Returns at once after an ordinary
+// launch, and compiles to nothing below sm_90.
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 template <class T>
 __device__ __forceinline__ float to_float(T v);
 template <>

@@ -238,6 +238,7 @@ __global__ void mark_words_kernel(Lookup lookup, int rows, int* mark) {
 // slot[v] for every marked v: 0, 1, ... from `counter` (zeroed with the marks), one atomicAdd per
 // warp. Unmarked entries are left as they are (no reader looks at them).
 __global__ void word_slots_kernel(const int* __restrict__ mark, int* __restrict__ slot, int n, int* counter) {
+  wait_for_prior_grid();  // the marks: launch_after_prior
   const int lane = threadIdx.x % kWarpSize;
   for (int first = blockIdx.x * blockDim.x; first < n; first += gridDim.x * blockDim.x) {
     const int v = first + threadIdx.x;  // the whole warp runs every iteration (its ballot needs it)
@@ -254,6 +255,7 @@ __global__ void word_slots_kernel(const int* __restrict__ mark, int* __restrict_
 template <class T, int VEC, int NV, int TPR>
 __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     embedding_layernorm_backward_kernel(const BackwardArgs<T> a) {
+  wait_for_prior_grid();  // the slots: launch_after_prior
   __shared__ float scratch[kWarpSize];
   extern __shared__ float dynamic_shared[];  // [warps][2][C] (lanes per row), then [types][C] type sums
   using V = Vec<T, VEC>;
@@ -416,6 +418,7 @@ struct TableGradientArgs {
 // (x, y) of a block: columns x * VEC.. of row y of the block's rows.
 template <class T, int VEC>
 __global__ void table_gradient_kernel(const TableGradientArgs<T> a) {
+  wait_for_prior_grid();  // the sums: launch_after_prior
   const int total = a.vocab + a.positions + a.types, C = a.C;
   for (int row = blockIdx.x * blockDim.y + threadIdx.y; row < total; row += gridDim.x * blockDim.y) {
     const float* from;
@@ -514,8 +517,8 @@ void backward_typed(BackwardArgs<T> a, int* mark, int* slot_counter, int* slot, 
     const int threads = 256;
     mark_words_kernel<<<std::min(ceil_div(a.rows, threads), 16 * multiprocessors()), threads, 0, stream>>>(l, a.rows,
                                                                                                            mark);
-    word_slots_kernel<<<std::min(ceil_div(l.vocab, threads), 4 * multiprocessors()), threads, 0, stream>>>(
-        mark, slot, l.vocab, slot_counter);
+    launch_after_prior(word_slots_kernel, dim3(std::min(ceil_div(l.vocab, threads), 4 * multiprocessors())),
+                       dim3(threads), 0, stream, mark, slot, l.vocab, slot_counter);
     FUSEKIT_CUDA_CHECK(cudaGetLastError());
 
     const int vec = vector_width<T>(a.C, {a.dy, a.tables.word, a.tables.position, a.tables.type, a.gamma});
@@ -552,7 +555,7 @@ void backward_typed(BackwardArgs<T> a, int* mark, int* slot_counter, int* slot, 
           FUSEKIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, shared));
           blocks = std::max(
               1, std::min({limit, std::max(resident, 1) * multiprocessors(), ceil_div(a.rows, threads / TPR)}));
-          kernel<<<blocks, threads, shared, stream>>>(args);
+          launch_after_prior(kernel, dim3(blocks), dim3(threads), shared, stream, args);
         }
       };
       const bool done = dispatch_block_row_config(config, launch) || dispatch_config(config, launch);
@@ -574,7 +577,7 @@ void backward_typed(BackwardArgs<T> a, int* mark, int* slot_counter, int* slot, 
     const dim3 threads(x, std::max(1, 256 / x));
     const int rows = l.vocab + l.positions + l.types;
     const int grid = std::min(ceil_div(rows, static_cast<int>(threads.y)), 32 * multiprocessors());
-    table_gradient_kernel<T, VEC><<<grid, threads, 0, stream>>>(tables);
+    launch_after_prior(table_gradient_kernel<T, VEC>, dim3(grid), threads, 0, stream, tables);
   });
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
   launch_parameter_gradients<T, 2>(a.partial, blocks, a.C, {{dgamma, dbeta}}, stream);

@@ -142,6 +142,7 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ gamma,
                               const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                               float* __restrict__ partial, int rows, int C) {
+  wait_for_prior_grid();  // launched after the forward (or whatever wrote dy): launch_after_prior
   __shared__ float scratch[kWarpSize];
   extern __shared__ float warp_partial[];  // lanes per row: [warps][2][C], combined before the write
   using V = Vec<T, VEC>;
@@ -326,7 +327,8 @@ void backward_typed(const T* dy, const T* x, const T* gamma, const float* mean, 
         }
         blocks =
             std::max(1, std::min({limit, resident_blocks(kernel, threads, shared), ceil_div(rows, threads / TPR)}));
-        kernel<<<blocks, threads, shared, stream>>>(dy, x, gamma, mean, rstd, dx, partial, rows, C);
+        launch_after_prior(kernel, dim3(blocks), dim3(threads), shared, stream, dy, x, gamma, mean, rstd, dx, partial,
+                           rows, C);
       }
     });
     if (!done) {

@@ -301,6 +301,7 @@ constexpr int kGradientThreads = 1024;
 template <class T, int K>
 __global__ void __launch_bounds__(kGradientThreads)
     parameter_gradient_kernel(const float* __restrict__ partial, int parts, int C, ParameterGradients<T, K> gradients) {
+  wait_for_prior_grid();  // the partial rows come from the kernel before
   constexpr int kSlices = kGradientThreads / kGradientColumns;
   __shared__ float sums[K][kSlices][kGradientColumns + 1];
   const int x = threadIdx.x % kGradientColumns, slice = threadIdx.x / kGradientColumns;
@@ -332,9 +333,8 @@ __global__ void __launch_bounds__(kGradientThreads)
 template <class T, int K>
 void launch_parameter_gradients(const float* partial, int parts, int C, ParameterGradients<T, K> gradients,
                                 cudaStream_t stream) {
-  parameter_gradient_kernel<T, K>
-      <<<ceil_div(C, kGradientColumns), kGradientThreads, 0, stream>>>(partial, parts, C, gradients);
-  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+  launch_after_prior(parameter_gradient_kernel<T, K>, dim3(ceil_div(C, kGradientColumns)), dim3(kGradientThreads), 0,
+                     stream, partial, parts, C, gradients);
 }
 
 }  // namespace fusekit::kernels::layernorm_rows
