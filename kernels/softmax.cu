@@ -5,7 +5,13 @@
 // allow, else single elements): 4..32 lanes of a warp per row for rows up to 1024 elements of 16-bit
 // types (odd rows such as Swin's 49 keys take 8 lanes of 8 elements, so a warp works on 4 rows at
 // once), a block of 128..1024 threads per row beyond. Rows too long for registers take a looping
-// kernel that reads the row twice (correct for any length, slower).
+// kernel that reads the row twice (correct for any length, slower). The backward of rows of up to
+// 256 keys that are no multiple of a 16-byte vector stages tiles of whole rows through shared
+// memory, so that global memory sees only 16-byte vectors: read element by element, a warp's loads
+// touched a few bytes of four rows' sectors at a time (H100, fp16, the backward of Swin-T's 8192 x 3
+// x 49 x 49 about 155 -> 120 us). The forward keeps its register kernel there: staged the same way,
+// with the bias and the window mask read element by element in the tile's order, it measured slower
+// (157 -> 200 us forward at that shape): its bias and mask loads then wait one after another.
 //
 // The masks become, per row, a key limit (padding, causal: keys at or past it are removed) and
 // pointers to the row's additive terms (bias). Removed keys are not read at all, so a padded or
@@ -148,6 +154,51 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? kLaneKernelThreads : TPR)
   }
 }
 
+// Rows of shared-memory tiles, staged by the backward below: at most kStageVectors 16-byte vectors
+// a thread per operand (12 KiB for a block of kLaneKernelThreads).
+constexpr int kStageVectors = 3;
+constexpr int kStageBytes = kStageVectors * kLaneKernelThreads * 16;
+
+// Copies `elements` consecutive elements of each of N operands from global memory (16-byte aligned)
+// into shared-memory tiles: 16-byte vectors (streaming loads, read once), every one of a thread's
+// loads issued before its first store; a last partial vector element by element.
+template <class T, int N>
+__device__ __forceinline__ void load_tiles(const T* const (&from)[N], T* const (&to)[N], int elements) {
+  constexpr int kElements = 16 / sizeof(T);
+  const int vectors = elements / kElements;
+  int4 held[N][kStageVectors];
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int k = 0; k < kStageVectors; ++k) {
+      const int i = threadIdx.x + k * kLaneKernelThreads;
+      if (i < vectors) held[n][k] = __ldcs(reinterpret_cast<const int4*>(from[n]) + i);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int k = 0; k < kStageVectors; ++k) {
+      const int i = threadIdx.x + k * kLaneKernelThreads;
+      if (i < vectors) reinterpret_cast<int4*>(to[n])[i] = held[n][k];
+    }
+    for (int i = vectors * kElements + threadIdx.x; i < elements; i += kLaneKernelThreads) to[n][i] = from[n][i];
+  }
+}
+
+// The way back: `elements` of a shared-memory tile to global memory (16-byte aligned).
+template <class T>
+__device__ __forceinline__ void store_tile(const T* tile, T* __restrict__ to, int elements) {
+  constexpr int kElements = 16 / sizeof(T);
+  const int vectors = elements / kElements;
+#pragma unroll
+  for (int k = 0; k < kStageVectors; ++k) {
+    const int i = threadIdx.x + k * kLaneKernelThreads;
+    if (i < vectors) reinterpret_cast<int4*>(to)[i] = reinterpret_cast<const int4*>(tile)[i];
+  }
+  for (int i = vectors * kElements + threadIdx.x; i < elements; i += kLaneKernelThreads) to[i] = tile[i];
+}
+
 // Any row length: a block per row. The first pass keeps a running maximum and the sum of
 // exponentials relative to it per thread (rescaled when the maximum grows); the block then
 // combines the threads' pairs, and the second pass re-reads the row to write y.
@@ -181,44 +232,88 @@ __global__ void softmax_forward_looping_kernel(const T* __restrict__ x, T* __res
   }
 }
 
+// One row group's backward of one row, from y and dy to dx, in global memory (16-byte vectors) or
+// in shared memory (VEC 1). Every thread of the row group must call it, its reduction needs them all;
+// a thread of a row past the last (!valid) reads and writes nothing. A thread writes only the
+// elements it read, so dxr may be yr or dyr.
+template <class T, int VEC, int NV, int TPR>
+__device__ __forceinline__ void softmax_backward_row(const T* yr, const T* dyr, T* dxr, bool valid, int keys,
+                                                     float scale, const RowGroups<TPR>& rg, float* scratch) {
+  using V = Vec<T, VEC>;
+  const int t = rg.thread;
+  // The row stays in registers in its storage type (half the registers of floats for 16-bit types).
+  V yv[NV], dyv[NV];
+  float dot = 0.f;
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int c = (j * TPR + t) * VEC;
+    if (valid && c < keys) {
+      yv[j] = V::load_stream(yr + c);
+      dyv[j] = V::load_stream(dyr + c);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) dot += to_float(yv[j].v[k]) * to_float(dyv[j].v[k]);
+    }
+  }
+  dot = rg.sum(dot, scratch);
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int c = (j * TPR + t) * VEC;
+    if (valid && c < keys) {
+      V out;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        out.v[k] = from_float<T>(scale * to_float(yv[j].v[k]) * (to_float(dyv[j].v[k]) - dot));
+      }
+      out.store(dxr + c);
+    }
+  }
+}
+
 template <class T, int VEC, int NV, int TPR>
 __global__ void __launch_bounds__(TPR <= kWarpSize ? kLaneKernelThreads : TPR)
     softmax_backward_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, float scale,
                             int rows, int keys) {
+  wait_for_prior_grid();  // y comes from the forward: launch_after_prior
   __shared__ float scratch[kWarpSize];
-  using V = Vec<T, VEC>;
   const RowGroups<TPR> rg;
-  const int groups = rg.count, group = rg.index, t = rg.thread;
-  for (int first = blockIdx.x * groups; first < rows; first += gridDim.x * groups) {
-    const int row = first + group;
+  for (int first = blockIdx.x * rg.count; first < rows; first += gridDim.x * rg.count) {
+    const int row = first + rg.index;
     const bool valid = row < rows;  // as in the forward: the whole warp runs every iteration
     const size_t offset = static_cast<size_t>(row) * keys;
-    // The row stays in registers in its storage type (half the registers of floats for 16-bit types).
-    V yv[NV], dyv[NV];
-    float dot = 0.f;
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-      const int c = (j * TPR + t) * VEC;
-      if (valid && c < keys) {
-        yv[j] = V::load_stream(y + offset + c);
-        dyv[j] = V::load_stream(dy + offset + c);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) dot += to_float(yv[j].v[k]) * to_float(dyv[j].v[k]);
-      }
+    softmax_backward_row<T, VEC, NV, TPR>(y + offset, dy + offset, dx + offset, valid, keys, scale, rg, scratch);
+  }
+}
+
+// The backward of rows of up to 256 keys that are no multiple of a 16-byte vector (see the top of the
+// file): y and dy staged in two tiles, dx written over y's.
+template <class T, int NV, int TPR>
+__global__ void __launch_bounds__(kLaneKernelThreads)
+    softmax_backward_staged_kernel(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, float scale,
+                                   int rows, int keys, int tile_rows) {
+  static_assert(TPR <= kWarpSize, "staged rows are lanes of a warp");
+  wait_for_prior_grid();  // y comes from the forward: launch_after_prior
+  extern __shared__ int4 stage[];
+  __shared__ float scratch[kWarpSize];
+  T* y_tile = reinterpret_cast<T*>(stage);
+  T* dy_tile = y_tile + tile_rows * keys;  // a multiple of 16 bytes on
+  const RowGroups<TPR> rg;
+  for (int first = blockIdx.x * tile_rows; first < rows; first += gridDim.x * tile_rows) {
+    const int count = min(tile_rows, rows - first);
+    const size_t begin = static_cast<size_t>(first) * keys;
+    const T* from[2] = {y + begin, dy + begin};
+    T* const to[2] = {y_tile, dy_tile};
+    load_tiles<T, 2>(from, to, count * keys);
+    __syncthreads();
+    for (int r0 = 0; r0 < count; r0 += rg.count) {
+      const int r = r0 + rg.index;
+      const bool valid = r < count;
+      const int offset = (valid ? r : 0) * keys;
+      softmax_backward_row<T, 1, NV, TPR>(y_tile + offset, dy_tile + offset, y_tile + offset, valid, keys, scale, rg,
+                                          scratch);
     }
-    dot = rg.sum(dot, scratch);
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-      const int c = (j * TPR + t) * VEC;
-      if (valid && c < keys) {
-        V out;
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          out.v[k] = from_float<T>(scale * to_float(yv[j].v[k]) * (to_float(dyv[j].v[k]) - dot));
-        }
-        out.store(dx + offset + c);
-      }
-    }
+    __syncthreads();
+    store_tile(y_tile, dx + begin, count * keys);
+    __syncthreads();  // the next tile's loads overwrite this one
   }
 }
 
@@ -306,6 +401,14 @@ int grid_blocks(int rows, int rows_per_block) {
   return std::max(1, std::min(ceil_div(rows, rows_per_block), 64 * multiprocessors()));
 }
 
+// Rows of a staged tile for row groups of `tpr` lanes: whole passes of the block's row groups, as
+// many as fit in kStageBytes (at least one: a pass holds at most 256 x 8 elements of <= 4 bytes).
+int staged_tile_rows(int tpr, int keys, size_t element_bytes) {
+  const int rows_per_pass = kLaneKernelThreads / tpr;
+  const size_t pass_bytes = static_cast<size_t>(rows_per_pass) * keys * element_bytes;
+  return rows_per_pass * std::max<int>(1, static_cast<int>(kStageBytes / pass_bytes));
+}
+
 template <class T>
 void forward_typed(const T* x, T* y, const Masking<T>& masking, float scale, int rows, cudaStream_t stream) {
   const int keys = masking.keys;
@@ -339,14 +442,27 @@ template <class T>
 void backward_typed(const T* y, const T* dy, T* dx, float scale, int rows, int keys, cudaStream_t stream) {
   const int vec = vector_width<T>(keys, {y, dy, dx});
   const Config config = choose_config(keys / vec, vec, vec == 1 ? 8 : 4);
+  if (vec == 1 && config.tpr > 0 && config.tpr <= kWarpSize && aligned16(y) && aligned16(dy) && aligned16(dx)) {
+    const int tile_rows = staged_tile_rows(config.tpr, keys, sizeof(T));
+    const size_t shared = 2 * static_cast<size_t>(tile_rows) * keys * sizeof(T);
+    dispatch_config(config, [&](auto tpr_c, auto nv_c) {
+      constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
+      if constexpr (TPR <= kWarpSize) {
+        launch_after_prior(softmax_backward_staged_kernel<T, NV, TPR>, dim3(grid_blocks(rows, tile_rows)),
+                           dim3(kLaneKernelThreads), shared, stream, y, dy, dx, scale, rows, keys, tile_rows);
+      }
+    });
+    FUSEKIT_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   auto launch = [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
     const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
       constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
       if constexpr (instantiated<VEC, NV, TPR>(true)) {
         const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
-        softmax_backward_kernel<T, VEC, NV, TPR>
-            <<<grid_blocks(rows, threads / TPR), threads, 0, stream>>>(y, dy, dx, scale, rows, keys);
+        launch_after_prior(softmax_backward_kernel<T, VEC, NV, TPR>, dim3(grid_blocks(rows, threads / TPR)),
+                           dim3(threads), 0, stream, y, dy, dx, scale, rows, keys);
       } else {
         throw std::logic_error("softmax: no backward kernel for the chosen configuration");
       }

@@ -3,7 +3,8 @@
 // key counts 1, 31, 49, 77, 100, 127, 128, 333, 512, 1000, 1536, 4096, 12288, 16384, the largest register
 // configurations (6001, 24000) and past them (20001, 40000); a single row; rows that keep no key (lengths of 0, causal
 // with more queries than keys, a window mask row of -inf), which must come out as exact zeros in y and dx; removed keys
-// exactly 0; and scores one element off 16-byte alignment, with the element before the output left untouched.
+// exactly 0; scores one element off 16-byte alignment, with the element before the output left untouched; and a bias
+// that repeats within a block's share of a staged tile (1 head x 3 queries x 5 keys).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -145,19 +146,18 @@ std::string case_name(const ::testing::TestParamInfo<std::tuple<DType, Case>>& i
 using M = SoftmaxMask;
 INSTANTIATE_TEST_SUITE_P(
     Shapes, SoftmaxTest,
-    ::testing::Combine(::testing::Values(DType::f32, DType::f16, DType::bf16),
-                       ::testing::Values(Case{1, 1, 1, 1, M::none}, Case{1, 1, 1, 16384, M::none},
-                                         Case{3, 2, 5, 31, M::padding}, Case{6, 3, 49, 49, M::bias, 4},
-                                         Case{2, 2, 77, 77, M::causal}, Case{5, 2, 128, 128, M::padding},
-                                         Case{3, 2, 128, 128, M::padding, 0, true}, Case{2, 3, 40, 333, M::causal},
-                                         Case{3, 2, 64, 512, M::padding}, Case{1, 2, 200, 1000, M::causal},
-                                         Case{2, 1, 16, 1536, M::bias}, Case{3, 2, 8, 4096, M::padding},
-                                         Case{1, 1, 4, 12288, M::none}, Case{1, 2, 3, 16384, M::causal},
-                                         Case{2, 1, 9, 5, M::causal}, Case{3, 1, 2, 20001, M::padding},
-                                         Case{2, 2, 3, 40000, M::bias, 2}, Case{4, 2, 7, 1000, M::none, 0, true},
-                                         Case{1, 1, 3, 6001, M::causal}, Case{1, 1, 2, 24000, M::none},
-                                         Case{600, 3, 49, 49, M::bias, 4}, Case{7, 2, 33, 100, M::padding},
-                                         Case{3, 1, 70, 127, M::causal}, Case{5, 2, 49, 49, M::bias, 0, true})),
+    ::testing::Combine(
+        ::testing::Values(DType::f32, DType::f16, DType::bf16),
+        ::testing::Values(
+            Case{1, 1, 1, 1, M::none}, Case{1, 1, 1, 16384, M::none}, Case{3, 2, 5, 31, M::padding},
+            Case{6, 3, 49, 49, M::bias, 4}, Case{2, 2, 77, 77, M::causal}, Case{5, 2, 128, 128, M::padding},
+            Case{3, 2, 128, 128, M::padding, 0, true}, Case{2, 3, 40, 333, M::causal}, Case{3, 2, 64, 512, M::padding},
+            Case{1, 2, 200, 1000, M::causal}, Case{2, 1, 16, 1536, M::bias}, Case{3, 2, 8, 4096, M::padding},
+            Case{1, 1, 4, 12288, M::none}, Case{1, 2, 3, 16384, M::causal}, Case{2, 1, 9, 5, M::causal},
+            Case{3, 1, 2, 20001, M::padding}, Case{2, 2, 3, 40000, M::bias, 2}, Case{4, 2, 7, 1000, M::none, 0, true},
+            Case{1, 1, 3, 6001, M::causal}, Case{1, 1, 2, 24000, M::none}, Case{600, 3, 49, 49, M::bias, 4},
+            Case{7, 2, 33, 100, M::padding}, Case{3, 1, 70, 127, M::causal}, Case{5, 2, 49, 49, M::bias, 0, true},
+            Case{40, 1, 3, 5, M::bias, 4}, Case{12, 2, 7, 100, M::bias, 3}, Case{9, 2, 49, 49, M::bias, 0})),
     case_name);
 
 }  // namespace
