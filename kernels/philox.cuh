@@ -14,25 +14,13 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define FUSEKIT_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define FUSEKIT_HOST_DEVICE inline
-#endif
+#include "kernels/fast_divide.h"  // multiply_high32, FUSEKIT_HOST_DEVICE
 
 namespace fusekit::kernels {
 
 struct PhiloxWords {
   uint32_t w[4];
 };
-
-FUSEKIT_HOST_DEVICE uint32_t multiply_high32(uint32_t a, uint32_t b) {
-#if defined(__CUDA_ARCH__)
-  return __umulhi(a, b);
-#else
-  return static_cast<uint32_t>((static_cast<uint64_t>(a) * b) >> 32);
-#endif
-}
 
 // Ten rounds of the Philox4x32 bijection; the key is bumped by the Weyl constants between rounds.
 FUSEKIT_HOST_DEVICE PhiloxWords philox4x32_10(PhiloxWords counter, uint32_t key0, uint32_t key1) {

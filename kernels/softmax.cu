@@ -5,13 +5,17 @@
 // allow, else single elements): 4..32 lanes of a warp per row for rows up to 1024 elements of 16-bit
 // types (odd rows such as Swin's 49 keys take 8 lanes of 8 elements, so a warp works on 4 rows at
 // once), a block of 128..1024 threads per row beyond. Rows too long for registers take a looping
-// kernel that reads the row twice (correct for any length, slower). The backward of rows of up to
-// 256 keys that are no multiple of a 16-byte vector stages tiles of whole rows through shared
-// memory, so that global memory sees only 16-byte vectors: read element by element, a warp's loads
-// touched a few bytes of four rows' sectors at a time (H100, fp16, the backward of Swin-T's 8192 x 3
-// x 49 x 49 about 155 -> 120 us). The forward keeps its register kernel there: staged the same way,
-// with the bias and the window mask read element by element in the tile's order, it measured slower
-// (157 -> 200 us forward at that shape): its bias and mask loads then wait one after another.
+// kernel that reads the row twice (correct for any length, slower).
+//
+// Rows of up to 256 keys that are no multiple of a 16-byte vector (Swin's 49 keys) are read element
+// by element in the forward, 8 lanes a row of 49; that kernel is bound by issuing instructions
+// (H100, fp16, 8192 x 3 x 49 x 49: 86% of issue slots busy, DRAM 36%), so the row's (b, h, q) comes
+// from multiply-high divisions (fast_divide.h) and Swin's 49 keys get the count compiled in. Measured
+// slower there, and so not used: staging x through shared memory (157 -> 170 us), forming the
+// scores in float in a shared tile (200 us), and aligned 16-byte vectors of x, the bias and the
+// mask realigned with shuffles and byte permutes (206 us): each adds instructions. Their backward,
+// with no bias to read, stages y and dy in shared-memory tiles, so that global memory sees only
+// 16-byte vectors, and runs at the copy ceiling there.
 //
 // The masks become, per row, a key limit (padding, causal: keys at or past it are removed) and
 // pointers to the row's additive terms (bias). Removed keys are not read at all, so a padded or
@@ -23,6 +27,7 @@
 #include <type_traits>
 
 #include "kernels/common.cuh"
+#include "kernels/fast_divide.h"
 #include "kernels/softmax.h"
 
 namespace fusekit::kernels {
@@ -41,35 +46,41 @@ struct RowMask {
   const T* window;
 };
 
-// The mask of every row, resolved per row from its (b, h, q).
+// The mask of every row, resolved per row from its (b, h, q): row = (b * heads + h) * queries + q.
 template <class T>
 struct Masking {
   SoftmaxMask kind;
   const int32_t* lengths;
   const T* bias;
   const T* window_mask;
-  int windows;
-  int heads;
-  int queries;
+  FastDivide windows;
+  FastDivide heads;
+  FastDivide queries;
   int keys;
 
   __device__ RowMask<T> row(int row) const {
-    const int q = row % queries;
-    const int bh = row / queries;
+    const int bh = queries.quotient(row);
+    const int q = row - bh * queries.divisor;
     RowMask<T> m{keys, nullptr, nullptr};
     switch (kind) {
       case SoftmaxMask::none:
         break;
       case SoftmaxMask::padding:
-        m.limit = min(max(lengths[bh / heads], 0), keys);
+        m.limit = min(max(lengths[heads.quotient(bh)], 0), keys);
         break;
       case SoftmaxMask::causal:
-        m.limit = min(max(q + 1 + keys - queries, 0), keys);
+        m.limit = min(max(q + 1 + keys - queries.divisor, 0), keys);
         break;
-      case SoftmaxMask::bias:
-        m.bias = bias + (static_cast<size_t>(bh % heads) * queries + q) * keys;
-        if (window_mask) m.window = window_mask + (static_cast<size_t>(bh / heads % windows) * queries + q) * keys;
+      case SoftmaxMask::bias: {
+        const int b = heads.quotient(bh);
+        const int h = bh - b * heads.divisor;
+        m.bias = bias + (static_cast<size_t>(h) * queries.divisor + q) * keys;
+        if (window_mask) {
+          const int w = b - windows.quotient(b) * windows.divisor;
+          m.window = window_mask + (static_cast<size_t>(w) * queries.divisor + q) * keys;
+        }
         break;
+      }
     }
     return m;
   }
@@ -86,28 +97,33 @@ __device__ __forceinline__ float score(const T* xr, const RowMask<T>& m, int c, 
 
 constexpr int kLaneKernelThreads = 256;
 
-template <class T, int VEC, int NV, int TPR>
+// KEYS > 0: the key count compiled in, for the bias mask only (it removes no key, so every row keeps
+// KEYS): Swin's window-7 rows of 49 keys. The kernel is bound by issuing instructions there (H100,
+// 8192 x 3 x 49 x 49: 86% of issue slots busy, DRAM 36%), and a known count removes each element's
+// bounds test.
+template <class T, int VEC, int NV, int TPR, int KEYS = 0>
 __global__ void __launch_bounds__(TPR <= kWarpSize ? kLaneKernelThreads : TPR)
     softmax_forward_kernel(const T* __restrict__ x, T* __restrict__ y, Masking<T> masking, float scale, int rows) {
   __shared__ float scratch[kWarpSize];
   using V = Vec<T, VEC>;
   const RowGroups<TPR> rg;
   const int groups = rg.count, group = rg.index, t = rg.thread;
-  const int keys = masking.keys;
+  const int keys = KEYS > 0 ? KEYS : masking.keys;
 
   // Every lane of a warp runs every iteration (its shuffles need the whole warp); a row group past
-  // the last row keeps no key and writes nothing.
+  // the last row keeps no key and writes nothing (with KEYS, it reads the last row and writes nothing).
   for (int first = blockIdx.x * groups; first < rows; first += gridDim.x * groups) {
-    const int row = first + group;
-    const bool valid = row < rows;
-    const RowMask<T> m = valid ? masking.row(row) : RowMask<T>{0, nullptr, nullptr};
+    const bool valid = first + group < rows;
+    const int row = KEYS > 0 && !valid ? rows - 1 : first + group;
+    const RowMask<T> m = KEYS > 0 || valid ? masking.row(row) : RowMask<T>{0, nullptr, nullptr};
+    const int limit = KEYS > 0 ? KEYS : m.limit;
     const T* xr = x + static_cast<size_t>(row) * keys;
     float v[NV][VEC];
     float high = -INFINITY;
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
       const int c = (j * TPR + t) * VEC;
-      if (c < m.limit) {
+      if (c < limit) {
         const V in = V::load_stream(xr + c);
         V bias, window;
         if (m.bias) bias = V::load(m.bias + c);
@@ -117,7 +133,7 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? kLaneKernelThreads : TPR)
           float z = scale * to_float(in.v[k]);
           if (m.bias) z += to_float(bias.v[k]);
           if (m.window) z += to_float(window.v[k]);
-          v[j][k] = c + k < m.limit ? z : -INFINITY;
+          v[j][k] = c + k < limit ? z : -INFINITY;
           high = fmaxf(high, v[j][k]);
         }
       } else {
@@ -415,6 +431,13 @@ void forward_typed(const T* x, T* y, const Masking<T>& masking, float scale, int
   const int vec = vector_width<T>(keys, {x, y, masking.bias, masking.window_mask});
   const int max_block_nv = 32 / vec >= 8 ? 8 : 4;
   const Config config = choose_config(keys / vec, vec, max_block_nv);
+  if (vec == 1 && keys == 49 && masking.kind == SoftmaxMask::bias) {
+    // Swin's window 7: 8 lanes a row, 7 elements each, the key count compiled in.
+    softmax_forward_kernel<T, 1, 7, 8, 49>
+        <<<grid_blocks(rows, kLaneKernelThreads / 8), kLaneKernelThreads, 0, stream>>>(x, y, masking, scale, rows);
+    FUSEKIT_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   auto launch = [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
     const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
@@ -516,9 +539,9 @@ void softmax_forward(DType dtype, const void* x, void* y, SoftmaxShape shape, fl
                        masking.lengths,
                        bias ? static_cast<const T*>(masking.bias) : nullptr,
                        bias ? static_cast<const T*>(masking.window_mask) : nullptr,
-                       std::max(masking.windows, 1),
-                       shape.heads,
-                       shape.queries,
+                       FastDivide(std::max(masking.windows, 1)),
+                       FastDivide(shape.heads),
+                       FastDivide(shape.queries),
                        shape.keys};
     forward_typed<T>(static_cast<const T*>(x), static_cast<T*>(y), m, scale, rows, stream);
   })
