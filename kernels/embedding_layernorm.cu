@@ -160,6 +160,15 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
         for (int k = 0; k < VEC; ++k) v[j][k] = 0.f;
       }
     }
+    // The dropout flags are drawn here, before the reductions, where Philox's multiplies overlap
+    // their shuffles (they were drawn at the stores, after both).
+    const DropoutStream& dropout = a.dropout;
+    uint32_t kept[NV];
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * TPR + t) * VEC;
+      kept[j] = c < C ? dropout.template kept_bits<VEC>(base + c) : 0u;
+    }
     const float mu = reduce(sum) / C;
     float squares = 0.f;
 #pragma unroll
@@ -175,13 +184,12 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     for (int j = 0; j < NV; ++j) {
       const int c = (j * TPR + t) * VEC;
       if (c < C) {
-        const uint32_t kept = a.dropout.template kept_bits<VEC>(base + c);
         const V g = V::load(a.gamma + c), b = V::load(a.beta + c);
         V out;
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           const float ln = (v[j][k] - mu) * rs * to_float(g.v[k]) + to_float(b.v[k]);
-          out.v[k] = from_float<T>(gather ? ln * a.dropout.multiplier(kept, k) : NAN);
+          out.v[k] = from_float<T>(gather ? ln * dropout.multiplier(kept[j], k) : NAN);
         }
         out.store(a.y + base + c);
       }
@@ -495,8 +503,9 @@ void forward_typed(const ForwardArgs<T>& a, cudaStream_t stream) {
     const bool done = dispatch_config(config, [&](auto tpr_c, auto nv_c) {
       constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
       if constexpr (kRowConfigBuilt<VEC, NV>) {
-        const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
-        const int blocks = std::min(ceil_div(a.rows, threads / TPR), 64 * multiprocessors());
+        // Lanes of a warp a row: 64-thread blocks, for finer residency.
+        const int threads = TPR <= kWarpSize ? 64 : TPR;
+        const int blocks = std::min(ceil_div(a.rows, threads / TPR), 256 * multiprocessors());
         embedding_layernorm_forward_kernel<T, VEC, NV, TPR><<<blocks, threads, 0, stream>>>(a);
       }
     });
