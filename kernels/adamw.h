@@ -127,9 +127,9 @@ class AdamWTrainer {
   float* master_ = nullptr;
   float* exp_avg_ = nullptr;
   float* exp_avg_sq_ = nullptr;
-  // Device state: [0] the step count at the start of the step in flight, [1] after the last
-  // step; then one non-finite flag per block of the gradient check.
-  int64_t* steps_ = nullptr;
+  // Device state (adamw.cu): the step counts, the step's scalars and the check's verdict; then one
+  // non-finite flag per block of the gradient check.
+  void* state_ = nullptr;
   int* flags_ = nullptr;
   int check_blocks_ = 0;
 };
