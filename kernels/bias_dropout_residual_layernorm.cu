@@ -300,6 +300,108 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
   sums.write(a.partial + static_cast<size_t>(blockIdx.x) * 3 * C, warp_partial, C, t);
 }
 
+// Rows of exactly TPB vectors (BERT-large's 1024 columns of 16-bit types): a block of TPB threads
+// takes R rows at once, a vector of each a thread. All of the R rows' loads are issued first and
+// their dropout flags drawn while they fly; the 2R row sums of the block go through one barrier (a
+// double-buffered exchange), and dgamma, dbeta, dbias stay in registers. A warp per row (its sums in
+// shared memory, 2 blocks of 8 rows an SM) had about 1.5 KB in flight a warp. H100, fp16, the
+// backward alone (exp probe, then this kernel in the library's A/B: see the commit).
+template <class T, int VEC, int TPB, int R>
+__global__ void __launch_bounds__(TPB) bias_dropout_residual_layernorm_backward_rows_kernel(const BackwardArgs<T> a) {
+  wait_for_prior_grid();  // launch_after_prior
+  constexpr int kWarps = TPB / kWarpSize;
+  __shared__ float exchange[2][kWarps][2 * R];
+  using V = Vec<T, VEC>;
+  const int t = threadIdx.x, lane = t % kWarpSize, warp = t / kWarpSize;
+  const int c = t * VEC;  // this thread's columns, the same in every row
+  constexpr int C = TPB * VEC;
+  const bool has_extra = a.dh_extra != nullptr;
+  const V gv = V::load(a.gamma + c);
+  V bv;
+  if (!a.pre_ln) bv = V::load(a.bias + c);
+  ColumnSums<3, 1, VEC, TPB, false> sums(nullptr, C);
+  int parity = 0;
+  for (int first = blockIdx.x * R; first < a.rows; first += gridDim.x * R) {
+    V x_in[R], r_in[R], dyv[R];
+    float mu[R], rs[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int row = first + r;
+      mu[r] = rs[r] = 0.f;
+      if (row < a.rows) {
+        const size_t base = static_cast<size_t>(row) * C + c;
+        x_in[r] = V::load_stream((a.pre_ln ? a.h : a.x) + base);
+        if (!a.pre_ln) r_in[r] = V::load_stream(a.residual + base);
+        dyv[r] = V::load_stream(a.dy + base);
+        mu[r] = a.mean[row];
+        rs[r] = a.rstd[row];
+      }
+    }
+    uint32_t kept[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) kept[r] = a.dropout.template kept_bits<VEC>(static_cast<size_t>(first + r) * C + c);
+    float hv[R][VEC];
+    float part[2 * R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float sum_g = 0.f, sum_gx = 0.f;
+      if (first + r < a.rows) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          hv[r][k] = a.pre_ln ? to_float(x_in[r].v[k])
+                              : residual_sum(to_float(x_in[r].v[k]), to_float(bv.v[k]), to_float(r_in[r].v[k]),
+                                             a.dropout.multiplier(kept[r], k));
+          const float d = to_float(dyv[r].v[k]);
+          const float xhat = (hv[r][k] - mu[r]) * rs[r];
+          const float g = __fmul_rn(d, to_float(gv.v[k]));  // rounded, as in the warp kernel
+          sum_g += g;
+          sum_gx += g * xhat;
+          sums.add(0, 0, k, d * xhat);
+          sums.add(1, 0, k, d);
+        }
+      }
+      part[2 * r] = warp_sum(sum_g);
+      part[2 * r + 1] = warp_sum(sum_gx);
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int i = 0; i < 2 * R; ++i) exchange[parity][warp][i] = part[i];
+    }
+    __syncthreads();  // exchange[parity] is written again two batches on, after the next barrier
+#pragma unroll
+    for (int i = 0; i < 2 * R; ++i) {
+      float total = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) total += exchange[parity][w][i];
+      part[i] = total / C;
+    }
+    parity ^= 1;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int row = first + r;
+      if (row >= a.rows) continue;
+      const size_t base = static_cast<size_t>(row) * C + c;
+      V extra;
+      if (has_extra) extra = V::load_stream(a.dh_extra + base);
+      V dres, dxo;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float xhat = (hv[r][k] - mu[r]) * rs[r];
+        const float g = __fmul_rn(to_float(dyv[r].v[k]), to_float(gv.v[k]));
+        float dh = rs[r] * (g - part[2 * r] - xhat * part[2 * r + 1]);
+        if (has_extra) dh += to_float(extra.v[k]);
+        const float d = dh * a.dropout.multiplier(kept[r], k);
+        sums.add(2, 0, k, d);
+        dres.v[k] = from_float<T>(dh);
+        dxo.v[k] = from_float<T>(d);
+      }
+      dres.store(a.dresidual + base);
+      dxo.store(a.dx + base);
+    }
+  }
+  sums.write(a.partial + static_cast<size_t>(blockIdx.x) * 3 * C, nullptr, C, t);
+}
+
 // Any row length: a block per row; the block's partial rows accumulate in global memory, which only
 // this block touches (each column has one owner thread, in every row).
 template <class T>
@@ -399,6 +501,22 @@ void backward_typed(BackwardArgs<T> a, T* dgamma, T* dbeta, T* dbias, cudaStream
   if (block_rows) config = block_row_config(a.C / vec);
   const int limit = backward_block_limit(a.rows);
   int blocks = limit;
+  constexpr int kRowsTPB = 128, kRowsAtOnce = 2;
+  if (vec > 1 && a.C / vec == kRowsTPB) {
+    // Rows of 128 vectors (1024 16-bit columns): bias_dropout_residual_layernorm_backward_rows_kernel.
+    dispatch_vector_width<T>(vec, [&](auto vec_c) {
+      constexpr int VEC = decltype(vec_c)::value;
+      if constexpr (VEC > 1) {
+        auto kernel = bias_dropout_residual_layernorm_backward_rows_kernel<T, VEC, kRowsTPB, kRowsAtOnce>;
+        blocks = std::max(
+            1, std::min({limit, resident_blocks(kernel, kRowsTPB), ceil_div(std::max(a.rows, 1), kRowsAtOnce)}));
+        launch_after_prior(kernel, dim3(blocks), dim3(kRowsTPB), 0, stream, a);
+      }
+    });
+    FUSEKIT_CUDA_CHECK(cudaGetLastError());
+    launch_parameter_gradients<T, 3>(a.partial, blocks, a.C, {{dgamma, dbeta, dbias}}, stream);
+    return;
+  }
   dispatch_vector_width<T>(vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
     auto launch = [&](auto tpr_c, auto nv_c) {

@@ -1,7 +1,7 @@
 // Bias + dropout + residual + LayerNorm forward and backward against the float64 reference, with the
 // reference's mask regenerated from the same Philox stream, on fresh random inputs and with every
 // output poisoned (NaN) before the run: fp32, fp16 and bf16; both orders; p = 0, 0.1 and 0.5; row
-// lengths 1, 31, 768, 1000, 1536, 4096, 12288 and one past the register paths; a single row, a
+// lengths 1, 31, 512, 768, 1000, 1024, 1536, 4096, 12288 and one past the register paths; a single row, a
 // million rows, and misaligned pointers (the one-element general path).
 #include <gtest/gtest.h>
 
@@ -199,7 +199,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, BiasDropoutResidualLayerNormTest,
                                                               Shape{33, 4096}, Shape{9, 12288}, Shape{3, 70000},
                                                               Shape{2, 33}, Shape{129, 768, true}, Shape{1001, 384},
                                                               Shape{301, 200}, Shape{4099, 128}, Shape{513, 96},
-                                                              Shape{333, 1024}, Shape{77, 500}),
+                                                              Shape{333, 1024}, Shape{77, 500}, Shape{129, 512}),
                                             ::testing::Values(0.f, 0.1f, 0.5f), kOrders),
                          param_name);
 // A million short rows: the lanes-per-row path over many blocks, and the two-stage reduction of
