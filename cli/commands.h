@@ -13,6 +13,7 @@ struct BenchOptions {
   std::string suite = "demo";
   std::string label;
   int warmup = 10;
+  double warmup_ms = 25;
   int repetitions = 50;
   int traced_repetitions = 5;
   bool allow_dropped = false;

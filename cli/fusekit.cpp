@@ -46,6 +46,11 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--warmup", bench_options.warmup, "Warm-up repetitions per case")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  bench_cmd
+      ->add_option("--warmup-ms", bench_options.warmup_ms,
+                   "Then more warm-up repetitions until this many milliseconds of device time have passed")
+      ->check(CLI::Range(0.0, 10000.0))
+      ->capture_default_str();
   bench_cmd->add_option("--reps", bench_options.repetitions, "Timed repetitions per case")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();

@@ -1,5 +1,7 @@
 #include "suites/runner.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 
@@ -40,6 +42,26 @@ class OnExit {
   F f_;
 };
 
+// More warm-up repetitions until `milliseconds` of device time have passed since the first of them:
+// batches timed with events, each sized from the last one's time per repetition.
+void warm_up_for(const Case& c, cudaStream_t stream, double milliseconds, int& rep_counter) {
+  Events e;
+  double elapsed = 0;
+  int batch = 1;
+  while (elapsed < milliseconds) {
+    FUSEKIT_CUDA_CHECK(cudaEventRecord(e.start_, stream));
+    for (int r = 0; r < batch; ++r) c.run(stream, rep_counter++);
+    FUSEKIT_CUDA_CHECK(cudaEventRecord(e.stop_, stream));
+    FUSEKIT_CUDA_CHECK(cudaEventSynchronize(e.stop_));
+    float ms = 0;
+    FUSEKIT_CUDA_CHECK(cudaEventElapsedTime(&ms, e.start_, e.stop_));
+    elapsed += ms;
+    const double per_rep = std::max(static_cast<double>(ms) / batch, 1e-3);
+    batch = static_cast<int>(std::min(std::ceil((milliseconds - elapsed) / per_rep), 100000.0));
+    batch = std::max(batch, 1);
+  }
+}
+
 }  // namespace
 
 uint64_t run_cases(reports::Store& store, int64_t run, const std::vector<Case>& cases, const RunnerOptions& options) {
@@ -58,6 +80,7 @@ uint64_t run_cases(reports::Store& store, int64_t run, const std::vector<Case>& 
     if (c.setup) c.setup(stream);
     for (int r = 0; r < options.warmup; ++r) c.run(stream, rep_counter++);
     FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    warm_up_for(c, stream, options.warmup_ms, rep_counter);
 
     std::vector<Events> events(static_cast<size_t>(options.repetitions));
     for (int r = 0; r < options.repetitions; ++r) {

@@ -12,6 +12,7 @@ The operators are the modules of scripts/peers/ops/ (one per operator, as in sui
 """
 import argparse
 import importlib
+import math
 import os
 import sqlite3
 import sys
@@ -27,10 +28,24 @@ OPERATORS = ["layernorm", "bias_gelu", "softmax", "bias_dropout_residual_layerno
 SCHEMA_VERSION = "1"
 
 
-def time_case(step, sets: int, warmup: int, reps: int, label: str) -> list:
+def time_case(step, sets: int, warmup: int, warmup_ms: float, reps: int, label: str) -> list:
     for r in range(warmup):
         step(r % sets)
     torch.cuda.synchronize()
+    # Then more until warmup_ms of device time has passed (fusekit's runner does the same): every
+    # variant is timed in the steady state, whatever ran before it.
+    elapsed, batch, r = 0.0, 1, warmup
+    while elapsed < warmup_ms:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(batch):
+            step(r % sets)
+            r += 1
+        end.record()
+        end.synchronize()
+        ms = start.elapsed_time(end)
+        elapsed += ms
+        batch = max(1, min(100000, math.ceil((warmup_ms - elapsed) / max(ms / batch, 1e-3))))
     torch.cuda.nvtx.range_push(label)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for r, (start, end) in enumerate(events):
@@ -51,6 +66,8 @@ def main() -> int:
     parser.add_argument("--directions", default="fwd,fwd+bwd", help="fwd and/or fwd+bwd")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--warmup-ms", type=float, default=25.0,
+                        help="then more warm-up repetitions until this much device time has passed")
     parser.add_argument("--traced-only", action="store_true", help="a few repetitions for the tracer; no samples")
     args = parser.parse_args()
     if args.traced_only:
@@ -98,7 +115,7 @@ def main() -> int:
             label = f"{case.name} [peer:{variant}]"
             print(f"[{i + 1}/{len(cases)}] {label}", file=sys.stderr, flush=True)
             with torch.enable_grad() if case.backward else torch.no_grad():
-                samples = time_case(step, case.sets, args.warmup, args.reps, label)
+                samples = time_case(step, case.sets, args.warmup, args.warmup_ms, args.reps, label)
             if args.traced_only:
                 continue
             with db:
