@@ -157,7 +157,8 @@ INSTANTIATE_TEST_SUITE_P(
             Case{3, 1, 2, 20001, M::padding}, Case{2, 2, 3, 40000, M::bias, 2}, Case{4, 2, 7, 1000, M::none, 0, true},
             Case{1, 1, 3, 6001, M::causal}, Case{1, 1, 2, 24000, M::none}, Case{600, 3, 49, 49, M::bias, 4},
             Case{7, 2, 33, 100, M::padding}, Case{3, 1, 70, 127, M::causal}, Case{5, 2, 49, 49, M::bias, 0, true},
-            Case{40, 1, 3, 5, M::bias, 4}, Case{12, 2, 7, 100, M::bias, 3}, Case{9, 2, 49, 49, M::bias, 0})),
+            Case{40, 1, 3, 5, M::bias, 4}, Case{12, 2, 7, 100, M::bias, 3}, Case{9, 2, 49, 49, M::bias, 0},
+            Case{3, 1, 7, 128, M::padding}, Case{5, 3, 11, 64, M::causal}, Case{2, 1, 9, 256, M::padding})),
     case_name);
 
 }  // namespace
