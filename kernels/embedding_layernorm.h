@@ -16,14 +16,16 @@
 // read from a table; its y row, mean and rstd are NaN (visibly wrong, as PyTorch's device assert
 // would stop), and it contributes no gradient anywhere. The host API checks only the sizes.
 //
-// The table gradients are accumulated in float, never in the storage type: each token's de row is
-// added with float atomics into a float workspace, then one pass writes every row of the three
-// tables once (converted, or zero). The word table's float accumulator is compact: a row per
-// distinct word id of the batch (slots assigned in id order by a mark-and-scan over the vocabulary),
-// not per vocabulary row, so its zeroing and reading cost at most 4 * tokens * H bytes each, not
-// 4 * vocab * H. Sums are exact to float rounding but their order is not fixed (atomics): two runs
-// may differ in the last bits of float before the final rounding. dgamma and dbeta are reduced in two
-// stages without atomics, as LayerNorm's.
+// The table gradients are accumulated in float, never in the storage type. Rows of 33..256 16-byte
+// vectors (BERT's widths) take a backward that first sorts the tokens by position id: the de row of a
+// word id used by one token is rounded once, from float, straight into dword; the rows of a word id
+// used more than once, and the position and token-type rows, are summed in float (registers, shared
+// memory, float atomics into a float workspace) and rounded once at the end; unused rows are zero.
+// Other rows add every de with float atomics into a float workspace (the word table's compact: a
+// row per distinct word id of the batch, not per vocabulary row), then one pass writes every row of
+// the three tables once (converted, or zero). Sums are exact to float rounding but their order is
+// not fixed (atomics): two runs may differ in the last bits of float before the final rounding.
+// dgamma and dbeta are reduced in two stages without atomics, as LayerNorm's.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -221,7 +221,11 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(Shape{257, 1, 50}, Shape{300, 31, 97}, Shape{77, 1000, 500},
                                          Shape{1000, 768, 4000}, Shape{1, 768, 30522}, Shape{513, 1024, 2000},
                                          Shape{5, 12288, 40}, Shape{33, 1001, 70, 3, 1}, Shape{2000, 384, 5000, 64, 3},
-                                         Shape{50, 264, 100}, Shape{64, 2048, 300}),
+                                         Shape{50, 264, 100}, Shape{64, 2048, 300},
+                                         // One position for all tokens, 50 words: the sorted backward's
+                                         // longest runs and its atomics on repeated words. 9000
+                                         // positions: past the sorted backward's limit.
+                                         Shape{3000, 768, 50, 1, 2}, Shape{100, 768, 300, 9000, 2}),
                        ::testing::Values(0.f, 0.1f)),
     param_name);
 
@@ -231,21 +235,24 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(EmbeddingLayerNormRepeatedIds, WordGradientIsSummedInFloat) {
   FUSEKIT_REQUIRE_GPU();
   std::mt19937_64 rng(std::random_device{}());
-  const Shape shape{8192, 64, 4, 128, 2};
-  const Outcome run = run_problem(DType::f16, shape, 0.1f, random_ids(shape, rng), rng);
-  expect_gradients_match(DType::f16, run);
-  auto fp16 = [](double x) { return from_bits(to_bits({x}, DType::f16)[0], DType::f16); };
-  std::vector<double> naive(run.grad.dword.size(), 0.0);
-  for (int r = 0; r < shape.tokens; ++r) {
-    for (int c = 0; c < shape.hidden; ++c) {
-      double& sum = naive[run.ids.word[r] * shape.hidden + c];
-      sum = fp16(sum + fp16(run.grad.de[static_cast<size_t>(r) * shape.hidden + c]));
+  for (int hidden : {64, 768}) {  // a warp a row (unsorted backward), a block a row (sorted)
+    SCOPED_TRACE("hidden " + std::to_string(hidden));
+    const Shape shape{8192, hidden, 4, 128, 2};
+    const Outcome run = run_problem(DType::f16, shape, 0.1f, random_ids(shape, rng), rng);
+    expect_gradients_match(DType::f16, run);
+    auto fp16 = [](double x) { return from_bits(to_bits({x}, DType::f16)[0], DType::f16); };
+    std::vector<double> naive(run.grad.dword.size(), 0.0);
+    for (int r = 0; r < shape.tokens; ++r) {
+      for (int c = 0; c < shape.hidden; ++c) {
+        double& sum = naive[run.ids.word[r] * shape.hidden + c];
+        sum = fp16(sum + fp16(run.grad.de[static_cast<size_t>(r) * shape.hidden + c]));
+      }
     }
+    const double naive_error = relative_error(naive, run.grad.dword);
+    EXPECT_GT(naive_error, tolerance(DType::f16)) << "an fp16 sum should fail the bound here";
+    EXPECT_LT(relative_error(run.dword, run.grad.dword), tolerance(DType::f16) / 2)
+        << "fused dword (fp16 sums would give " << naive_error << ")";
   }
-  const double naive_error = relative_error(naive, run.grad.dword);
-  EXPECT_GT(naive_error, tolerance(DType::f16)) << "an fp16 sum should fail the bound here";
-  EXPECT_LT(relative_error(run.dword, run.grad.dword), tolerance(DType::f16) / 2)
-      << "fused dword (fp16 sums would give " << naive_error << ")";
 }
 
 // Tokens with an id out of range read nothing, have NaN y, mean and rstd, and no gradient; the other
