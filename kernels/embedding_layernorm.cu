@@ -535,23 +535,6 @@ __global__ void order_tokens_kernel(Lookup lookup, int rows, SortedTokens s) {
   }
 }
 
-// Sums of two values over the block; every thread gets both. `scratch`: 2 x 32 floats.
-__device__ __forceinline__ float2 block_sum2(float a, float b, float* scratch) {
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int warps = ceil_div(blockDim.x, kWarpSize);
-  a = warp_sum(a);
-  b = warp_sum(b);
-  __syncthreads();  // scratch may still be read by an earlier call
-  if (lane == 0) {
-    scratch[warp] = a;
-    scratch[kWarpSize + warp] = b;
-  }
-  __syncthreads();
-  a = lane < warps ? scratch[lane] : 0.f;
-  b = lane < warps ? scratch[kWarpSize + lane] : 0.f;
-  return make_float2(warp_sum(a), warp_sum(b));
-}
-
 // G row groups of TPR threads, one vector a thread, over a run of `per_block` consecutive entries
 // (so that the tokens of a position are mostly in one block's run); group g takes entries g, g + G,
 // ... of the run, loading each a token ahead. For each token: the LayerNorm backward, then de of a
@@ -875,6 +858,17 @@ void forward_typed(const ForwardArgs<T>& a, cudaStream_t stream) {
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }
 
+// The shape of the table-gradient kernels' launches over `rows` rows of C columns in vectors of VEC:
+// blocks of (x, y) = (a warp-multiple of threads covering a row, up to 256 threads in all).
+struct TableLaunch {
+  dim3 block, grid;
+  TableLaunch(int C, int vec, int rows) {
+    const int x = std::min(256, ceil_div(ceil_div(C, vec), kWarpSize) * kWarpSize);
+    block = dim3(x, std::max(1, 256 / x));
+    grid = dim3(std::min(ceil_div(rows, static_cast<int>(block.y)), 32 * multiprocessors()));
+  }
+};
+
 // Position tables of up to this many rows take the sorted backward (every block of its ordering
 // kernel scans the position counts in shared memory).
 constexpr int kMaxSortedPositions = 8192;
@@ -937,12 +931,9 @@ bool backward_sorted(const BackwardArgs<T>& a, float* base, const WorkspaceLayou
   const int table_vec = vector_width<T>(a.C, {dword, dposition, dtype});
   dispatch_vector_width<T>(table_vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
-    const int x = std::min(256, ceil_div(ceil_div(a.C, VEC), kWarpSize) * kWarpSize);
-    const dim3 threads2d(x, std::max(1, 256 / x));
     // At most one repeated word per two tokens.
-    const int rows = std::min(a.rows / 2, l.vocab) + l.positions + l.types;
-    const int table_grid = std::min(ceil_div(rows, static_cast<int>(threads2d.y)), 32 * multiprocessors());
-    launch_after_prior(sorted_table_gradient_kernel<T, VEC>, dim3(table_grid), threads2d, 0, stream, s, a.word_sums,
+    const TableLaunch launch(a.C, VEC, std::min(a.rows / 2, l.vocab) + l.positions + l.types);
+    launch_after_prior(sorted_table_gradient_kernel<T, VEC>, launch.grid, launch.block, 0, stream, s, a.word_sums,
                        a.small_sums, dword, dposition, dtype, l.positions, l.types, a.C);
   });
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
@@ -1015,11 +1006,8 @@ void backward_typed(BackwardArgs<T> a, int* mark, int* slot_counter, int* slot, 
   const int vec = vector_width<T>(a.C, {dword, dposition, dtype});
   dispatch_vector_width<T>(vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
-    const int x = std::min(256, ceil_div(ceil_div(a.C, VEC), kWarpSize) * kWarpSize);
-    const dim3 threads(x, std::max(1, 256 / x));
-    const int rows = l.vocab + l.positions + l.types;
-    const int grid = std::min(ceil_div(rows, static_cast<int>(threads.y)), 32 * multiprocessors());
-    launch_after_prior(table_gradient_kernel<T, VEC>, dim3(grid), threads, 0, stream, tables);
+    const TableLaunch launch(a.C, VEC, l.vocab + l.positions + l.types);
+    launch_after_prior(table_gradient_kernel<T, VEC>, launch.grid, launch.block, 0, stream, tables);
   });
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
   launch_parameter_gradients<T, 2>(a.partial, blocks, a.C, {{dgamma, dbeta}}, stream);
