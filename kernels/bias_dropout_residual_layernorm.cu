@@ -12,6 +12,7 @@
 // columns) take looping kernels that recompute h per pass (correct for any length, slower).
 #include "kernels/bias_dropout_residual_layernorm.h"
 #include "kernels/layernorm_common.cuh"
+#include "kernels/mma_fragments.cuh"
 #include "kernels/philox.cuh"
 
 #include <algorithm>
@@ -301,45 +302,72 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
 }
 
 // Rows of exactly TPB vectors (BERT-large's 1024 columns of 16-bit types): a block of TPB threads
-// takes R rows at once, a vector of each a thread. All of the R rows' loads are issued first and
-// their dropout flags drawn while they fly; the 2R row sums of the block go through one barrier (a
-// double-buffered exchange), and dgamma, dbeta, dbias stay in registers. A warp per row (its sums in
-// shared memory, 2 blocks of 8 rows an SM) had about 1.5 KB in flight a warp. H100, fp16, the
-// backward alone: 16384 x 1024 87.3 -> 81.2 us; 8192 x 1024 50.7 -> 51.6 us.
+// takes R rows at once, a vector of each a thread. The operands of the block's next R rows are
+// copied into shared memory (cp.async, each thread its own vectors, so no barrier guards them) while
+// this batch computes: the loads never stop for the math, the reductions or the stores, and the
+// buffers cost no registers. The dropout flags are drawn while the batch's copies land; the 2R row
+// sums of the block go through one barrier (a double-buffered exchange), and dgamma, dbeta, dbias
+// stay in registers. Rows go to blocks as before (block b: rows bR.., then a grid of R rows on), so
+// the partial rows are the same sums in the same order. H100, fp16 post-LN, the backward alone at
+// 16384 x 1024: a warp per row (its sums in shared memory) 87.3 us; R rows loaded in place 84.2 us
+// and copied ahead 79.3 us (A/B in one process, three calls); 8192 x 1024 54.3 -> 51.6 us. Three
+// buffers, or 5 blocks an SM (96 registers), measured no faster; nor did the forward built the same way.
 template <class T, int VEC, int TPB, int R>
 __global__ void __launch_bounds__(TPB) bias_dropout_residual_layernorm_backward_rows_kernel(const BackwardArgs<T> a) {
   wait_for_prior_grid();  // launch_after_prior
   constexpr int kWarps = TPB / kWarpSize;
-  __shared__ float exchange[2][kWarps][2 * R];
   using V = Vec<T, VEC>;
+  // [buffer][row][operand][thread]: operand 0 is x (post-LN) or h (pre-LN), 1 the residual (post-LN)
+  // or dh_extra (pre-LN, when given), 2 dy.
+  __shared__ V staged[2][R][3][TPB];
+  __shared__ float exchange[2][kWarps][2 * R];
   const int t = threadIdx.x, lane = t % kWarpSize, warp = t / kWarpSize;
   const int c = t * VEC;  // this thread's columns, the same in every row
   constexpr int C = TPB * VEC;
-  const bool has_extra = a.dh_extra != nullptr;
+  const bool has_extra = a.pre_ln && a.dh_extra != nullptr;
+  const T* first_operand = a.pre_ln ? a.h : a.x;
+  const T* second_operand = a.pre_ln ? a.dh_extra : a.residual;  // null: pre-LN without dh_extra
   const V gv = V::load(a.gamma + c);
   V bv;
   if (!a.pre_ln) bv = V::load(a.bias + c);
   ColumnSums<3, 1, VEC, TPB, false> sums(nullptr, C);
-  int parity = 0;
-  for (int first = blockIdx.x * R; first < a.rows; first += gridDim.x * R) {
-    V x_in[R], r_in[R], dyv[R];
+  const int stride = gridDim.x * R;
+  // Copies the operands of rows first.. into buffer b (one commit group, empty past the last row).
+  auto stage = [&](int first, int b) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int row = first + r;
+      if (row < a.rows) {
+        const size_t base = static_cast<size_t>(row) * C + c;
+        copy_async16(&staged[b][r][0][t], first_operand + base);
+        if (second_operand != nullptr) copy_async16(&staged[b][r][1][t], second_operand + base);
+        copy_async16(&staged[b][r][2][t], a.dy + base);
+      }
+    }
+    copy_async_commit();
+  };
+  int buffer = 0, parity = 0;
+  stage(blockIdx.x * R, 0);
+  for (int first = blockIdx.x * R; first < a.rows; first += stride) {
+    stage(first + stride, buffer ^ 1);  // the buffer the last batch read into registers
     float mu[R], rs[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int row = first + r;
-      mu[r] = rs[r] = 0.f;
-      if (row < a.rows) {
-        const size_t base = static_cast<size_t>(row) * C + c;
-        x_in[r] = V::load_stream((a.pre_ln ? a.h : a.x) + base);
-        if (!a.pre_ln) r_in[r] = V::load_stream(a.residual + base);
-        dyv[r] = V::load_stream(a.dy + base);
-        mu[r] = a.mean[row];
-        rs[r] = a.rstd[row];
-      }
+      mu[r] = row < a.rows ? a.mean[row] : 0.f;
+      rs[r] = row < a.rows ? a.rstd[row] : 0.f;
     }
     uint32_t kept[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) kept[r] = a.dropout.template kept_bits<VEC>(static_cast<size_t>(first + r) * C + c);
+    copy_async_wait<1>();  // this batch's group (the next one may still fly)
+    V x_in[R], r_in[R], dyv[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      x_in[r] = staged[buffer][r][0][t];
+      if (second_operand != nullptr) r_in[r] = staged[buffer][r][1][t];
+      dyv[r] = staged[buffer][r][2][t];
+    }
     float hv[R][VEC];
     float part[2 * R];
 #pragma unroll
@@ -381,15 +409,13 @@ __global__ void __launch_bounds__(TPB) bias_dropout_residual_layernorm_backward_
       const int row = first + r;
       if (row >= a.rows) continue;
       const size_t base = static_cast<size_t>(row) * C + c;
-      V extra;
-      if (has_extra) extra = V::load_stream(a.dh_extra + base);
       V dres, dxo;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         const float xhat = (hv[r][k] - mu[r]) * rs[r];
         const float g = __fmul_rn(to_float(dyv[r].v[k]), to_float(gv.v[k]));
         float dh = rs[r] * (g - part[2 * r] - xhat * part[2 * r + 1]);
-        if (has_extra) dh += to_float(extra.v[k]);
+        if (has_extra) dh += to_float(r_in[r].v[k]);
         const float d = dh * a.dropout.multiplier(kept[r], k);
         sums.add(2, 0, k, d);
         dres.v[k] = from_float<T>(dh);
@@ -398,7 +424,9 @@ __global__ void __launch_bounds__(TPB) bias_dropout_residual_layernorm_backward_
       dres.store(a.dresidual + base);
       dxo.store(a.dx + base);
     }
+    buffer ^= 1;
   }
+  copy_async_wait<0>();  // no copy outlives the block
   sums.write(a.partial + static_cast<size_t>(blockIdx.x) * 3 * C, nullptr, C, t);
 }
 

@@ -209,6 +209,14 @@ INSTANTIATE_TEST_SUITE_P(MillionRows, BiasDropoutResidualLayerNormTest,
                                             kOrders),
                          param_name);
 
+// Rows of 1024 columns (128 16-byte vectors in 16-bit types) take the rows kernels, which copy a
+// block's next rows into shared memory while it computes: enough rows that every block runs several
+// batches (an odd count, so one batch is half full), not one.
+INSTANTIATE_TEST_SUITE_P(ManyRows1024, BiasDropoutResidualLayerNormTest,
+                         ::testing::Combine(kDtypes, ::testing::Values(Shape{9001, 1024}), ::testing::Values(0.1f),
+                                            kOrders),
+                         param_name);
+
 // The test-only mask is the reference's stream: the same flags, element for element, at odd sizes.
 TEST(BiasDropoutResidualLayerNormMask, IsTheReferenceStream) {
   FUSEKIT_REQUIRE_GPU();
