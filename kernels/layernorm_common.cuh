@@ -175,14 +175,29 @@ template <int K, int NV, int VEC, int TPR>
 __device__ void write_block_partials(float (&acc)[K][NV][VEC], float* __restrict__ block_partial,
                                      float* __restrict__ warp_partial, int C, int t) {
   if constexpr (!RowGroups<TPR>::kLanesPerRow) {
+    // 16-byte stores where the partial rows allow them: a warp's scalar stores of 8 consecutive
+    // floats a thread touched 32 sectors for 4 sectors' worth of data, and every block writes at
+    // once at the end of a one-wave grid (ncu, bias + dropout + residual + LayerNorm backward at
+    // 16384 x 1024: 24% of all its sectors were these). H100, fp16, that backward alone, A/B in one
+    // process, three rounds: 16384 x 1024 78.9 -> 70.4 us, 8192 x 1024 52.4 -> 43.0 us, 8192 x 768
+    // 41.4 -> 40.1 us.
+    const bool wide = VEC % 4 == 0 && C % 4 == 0 && reinterpret_cast<uintptr_t>(block_partial) % 16 == 0;
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
       const int c = (j * TPR + t) * VEC;
       if (c < C) {
 #pragma unroll
         for (int q = 0; q < K; ++q) {
+          if (wide) {
 #pragma unroll
-          for (int v = 0; v < VEC; ++v) block_partial[q * C + c + v] = acc[q][j][v];
+            for (int v = 0; v + 3 < VEC; v += 4) {
+              *reinterpret_cast<float4*>(block_partial + q * C + c + v) =
+                  make_float4(acc[q][j][v], acc[q][j][v + 1], acc[q][j][v + 2], acc[q][j][v + 3]);
+            }
+          } else {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) block_partial[q * C + c + v] = acc[q][j][v];
+          }
         }
       }
     }
