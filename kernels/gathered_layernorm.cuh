@@ -43,9 +43,11 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? kLaneKernelThreads : TPR)
     const bool valid = row < rows;
     const auto source = map.row(valid ? row : 0);
     V in[NV];
-    // Plain loads, not streaming (evict-first) ones: a 128-byte line of x can hold parts of two
-    // tokens that different row groups read, and evicted first it is read twice. H100, fp16, the
-    // partition forward: 64x56x56x96 ws7 35.7 -> 34.2 us, 32x96x96x192 ws12 88.2 -> 85.3 us.
+    // Plain loads, not streaming (evict-first) ones, measured faster: probably because a 128-byte
+    // line of x can hold parts of two tokens that different row groups read, and evicted first it
+    // may be read twice. H100, fp16, the partition forward, means of three A/B calls: 64x56x56x96
+    // ws7 35.7 -> 34.7 us, 32x96x96x192 ws12 88.1 -> 85.8 us (in the attention suite: 32.5 -> 32.2
+    // and 85.4 -> 83.3 us).
     load_vectors<TPR, VEC>(in, valid, L, t, [&](int c) { return V::load(x + source(c)); });
     float sum = 0.f;
 #pragma unroll
