@@ -21,10 +21,10 @@
 // computing S^T = K Q^T and dP^T = V dO^T directly, so P^T and dS^T are left operands in registers
 // too. Both recompute P = exp2(S - lse).
 //
-// Dropout: element (i, j) of the Philox stream is ((b * heads + h) * seq + i) * seq + j. A Philox
-// call gives 4 consecutive elements (DropoutStream::kept_bits4: one or two calls for any first
-// element), so the lanes of a quad split a row's (or a key column's) groups of 4 between them and
-// exchange the flags with shuffles: each element's word is drawn once per kernel.
+// Dropout: element (i, j) of the Philox stream is ((b * heads + h) * seq + i) * seq + j. The lanes
+// of a quad split a row's (or a key column's) groups of 4 elements between them (dropout_kept_bits4:
+// one Philox call, or two where the 4 straddle two of the stream's groups of 8) and exchange the
+// flags with shuffles: each element's draw is made once per kernel.
 //
 // Build with -DFUSEKIT_BERT_PAIR_LOADS to read the fragments with plain 32-bit and 16-bit shared
 // loads (the pattern of window_attention.cu) instead of ldmatrix, to isolate a fragment-layout bug.

@@ -3,7 +3,7 @@
 //
 // Design: LayerNorm's kernels (layernorm.cu) with the epilogue folded into their loads. The row lives
 // in registers in the configurations of layernorm_common.cuh; a thread draws the dropout words of its
-// own vectors (one Philox call per 4 elements), so the mask costs arithmetic, never memory. h is
+// own vectors (one Philox call per 8 elements), so the mask costs arithmetic, never memory. h is
 // formed in float with rounded operations (no FMA contraction), so the backward's recomputation of
 // h in post-LN is bit for bit the forward's. The backward keeps each thread's columns fixed across
 // its rows, so dgamma, dbeta and dbias accumulate in registers (a warp per row: in shared memory, see

@@ -6,9 +6,13 @@
 // (seed, offset) instead of storing it. The same code compiles for the device and the host, so the
 // float64 references and the tests regenerate exactly the mask the kernels used.
 //
-// The dropout stream (seed, offset): element i's word is word i % 4 of
-// philox4x32_10(counter = {i / 4 (low, high 32 bits), offset (low, high)}, key = seed (low, high)).
-// The element is kept iff its word >= dropout_threshold(p), with probability 1 - p to within 2^-32.
+// The dropout stream (seed, offset): the four words of
+// philox4x32_10(counter = {g (low, high 32 bits), offset (low, high)}, key = seed (low, high)) are
+// cut into eight 16-bit draws, and element i's draw is draw i % 8 of group g = i / 8: bits
+// 16 (i % 2) .. 16 (i % 2) + 15 of word (i % 8) / 2. The element is kept iff its draw >=
+// dropout_threshold(p) = round(p * 2^16), with probability 1 - round(p * 2^16) / 2^16, within 2^-17
+// of 1 - p (FlashAttention draws 8 bits an element; 32 bits an element cost twice the Philox rounds,
+// which took more instructions than the LayerNorm around them in the embedding forward).
 // A fresh mask needs a fresh (seed, offset) pair: callers advance `offset` per call.
 #pragma once
 
@@ -43,41 +47,55 @@ FUSEKIT_HOST_DEVICE PhiloxWords philox4x32_10(PhiloxWords counter, uint32_t key0
   return {{c0, c1, c2, c3}};
 }
 
-// The four words of the dropout stream for elements 4 * group .. 4 * group + 3.
+// The four words of the dropout stream for elements 8 * group .. 8 * group + 7.
 FUSEKIT_HOST_DEVICE PhiloxWords dropout_words(uint64_t seed, uint64_t offset, uint64_t group) {
   const PhiloxWords counter{{static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32),
                              static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32)}};
   return philox4x32_10(counter, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
-// Words below the threshold are dropped: round(p * 2^32), so p = 0 keeps every element.
+// Draw k (0..7) of a group's words.
+FUSEKIT_HOST_DEVICE uint32_t dropout_draw(const PhiloxWords& words, int k) {
+  return (words.w[k >> 1] >> (16 * (k & 1))) & 0xFFFFu;
+}
+
+// Draws below the threshold are dropped: round(p * 2^16), so p = 0 keeps every element and a p that
+// rounds to 2^16 drops every one.
 FUSEKIT_HOST_DEVICE uint32_t dropout_threshold(float p) {
-  const double scaled = static_cast<double>(p) * 4294967296.0 + 0.5;
-  return scaled >= 4294967295.0 ? 0xFFFFFFFFu : static_cast<uint32_t>(scaled);
+  const double scaled = static_cast<double>(p) * 65536.0 + 0.5;
+  return scaled >= 65536.0 ? 65536u : scaled <= 0.0 ? 0u : static_cast<uint32_t>(scaled);
 }
 
 // Whether element `index` of the stream (seed, offset) is kept.
 FUSEKIT_HOST_DEVICE bool dropout_kept(uint64_t seed, uint64_t offset, uint64_t index, uint32_t threshold) {
-  return dropout_words(seed, offset, index >> 2).w[index & 3] >= threshold;
+  return dropout_draw(dropout_words(seed, offset, index >> 3), static_cast<int>(index & 7)) >= threshold;
 }
 
-// The kept flags of elements first .. first + N - 1 as bits 0 .. N - 1. For N a multiple of 4,
-// `first` must be too: then each Philox call serves four elements.
+// The kept flags of elements first .. first + N - 1 as bits 0 .. N - 1. For N a multiple of 8,
+// `first` must be too, and each Philox call serves eight elements; for N = 4, `first` must be a
+// multiple of 4 (the four lie in one group, one call).
 template <int N>
 FUSEKIT_HOST_DEVICE uint32_t dropout_kept_bits(uint64_t seed, uint64_t offset, uint64_t first, uint32_t threshold) {
   static_assert(N >= 1 && N <= 32, "one 32-bit word of flags");
   uint32_t bits = 0;
-  if constexpr (N % 4 == 0) {
+  if constexpr (N % 8 == 0) {
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-    for (int q = 0; q < N / 4; ++q) {
-      const PhiloxWords words = dropout_words(seed, offset, (first >> 2) + q);
+    for (int q = 0; q < N / 8; ++q) {
+      const PhiloxWords words = dropout_words(seed, offset, (first >> 3) + q);
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-      for (int k = 0; k < 4; ++k) bits |= static_cast<uint32_t>(words.w[k] >= threshold) << (4 * q + k);
+      for (int k = 0; k < 8; ++k) bits |= static_cast<uint32_t>(dropout_draw(words, k) >= threshold) << (8 * q + k);
     }
+  } else if constexpr (N == 4) {
+    const PhiloxWords words = dropout_words(seed, offset, first >> 3);
+    const int half = static_cast<int>((first >> 2) & 1);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int k = 0; k < 4; ++k) bits |= static_cast<uint32_t>(dropout_draw(words, 4 * half + k) >= threshold) << k;
   } else {
     for (int k = 0; k < N; ++k) bits |= static_cast<uint32_t>(dropout_kept(seed, offset, first + k, threshold)) << k;
   }
@@ -85,11 +103,11 @@ FUSEKIT_HOST_DEVICE uint32_t dropout_kept_bits(uint64_t seed, uint64_t offset, u
 }
 
 // The kept flags of elements first .. first + 3 as bits 0 .. 3, for any `first`: the four elements
-// lie in one group of four (one Philox call) or straddle two (two calls).
+// lie in one group of eight (one Philox call) or straddle two (two calls).
 FUSEKIT_HOST_DEVICE uint32_t dropout_kept_bits4(uint64_t seed, uint64_t offset, uint64_t first, uint32_t threshold) {
-  const unsigned shift = static_cast<unsigned>(first & 3);
-  uint32_t bits = dropout_kept_bits<4>(seed, offset, first - shift, threshold);
-  if (shift != 0) bits |= dropout_kept_bits<4>(seed, offset, first - shift + 4, threshold) << 4;
+  const unsigned shift = static_cast<unsigned>(first & 7);
+  uint32_t bits = dropout_kept_bits<8>(seed, offset, first - shift, threshold);
+  if (shift > 4) bits |= dropout_kept_bits<8>(seed, offset, first - shift + 8, threshold) << 8;
   return (bits >> shift) & 0xFu;
 }
 
@@ -98,7 +116,7 @@ FUSEKIT_HOST_DEVICE uint32_t dropout_kept_bits4(uint64_t seed, uint64_t offset, 
 struct DropoutStream {
   uint64_t seed;
   uint64_t offset;
-  uint32_t threshold;  // words below it are dropped (dropout_threshold)
+  uint32_t threshold;  // draws below it are dropped (dropout_threshold)
   float scale;         // 1 / (1 - p)
   bool dropping;       // p > 0: draw words; otherwise every element is kept with multiplier 1
 

@@ -39,8 +39,10 @@ TEST(Philox, MatchesRandom123KnownAnswers) {
 
 TEST(DropoutStream, ThresholdKeepsEverythingAtZeroAndRoundsElsewhere) {
   EXPECT_EQ(kernels::dropout_threshold(0.f), 0u);
-  EXPECT_EQ(kernels::dropout_threshold(0.5f), 0x80000000u);
-  EXPECT_EQ(kernels::dropout_threshold(std::nextafter(1.f, 0.f)), 0xFFFFFF00u);
+  EXPECT_EQ(kernels::dropout_threshold(0.5f), 0x8000u);
+  EXPECT_EQ(kernels::dropout_threshold(0.1f), 6554u);                         // round(6553.6)
+  EXPECT_EQ(kernels::dropout_threshold(std::nextafter(1.f, 0.f)), 0x10000u);  // rounds to 2^16: drops all
+  EXPECT_EQ(kernels::dropout_threshold(1.f), 0x10000u);
   const std::vector<double> m = reference::dropout_multipliers(7, 13, 0.f, 123, 4);
   for (double v : m) EXPECT_EQ(v, 1.0);  // p = 0: identity, exactly
 }
@@ -55,6 +57,9 @@ TEST(DropoutStream, BitsAgreeWithSingleElementsAndStatisticsHold) {
   for (uint64_t first = 0; first < n; first += 8) {
     const uint32_t bits = kernels::dropout_kept_bits<8>(seed, offset, first, threshold);
     const uint32_t next = kernels::dropout_kept_bits<8>(seed, offset + 1, first, threshold);
+    // The halves of a group, as the 4-element vectors of float rows draw them.
+    ASSERT_EQ(kernels::dropout_kept_bits<4>(seed, offset, first, threshold), bits & 0xFu) << "element " << first;
+    ASSERT_EQ(kernels::dropout_kept_bits<4>(seed, offset, first + 4, threshold), bits >> 4) << "element " << first;
     for (int k = 0; k < 8; ++k) {
       const bool one = kernels::dropout_kept(seed, offset, first + k, threshold);
       ASSERT_EQ(((bits >> k) & 1u) != 0, one) << "element " << first + k;
