@@ -153,6 +153,10 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
   const int groups = rg.count, group = rg.index, t = rg.thread;
   auto reduce = [&](float v) { return rg.sum(v, scratch); };
   const int C = COLUMNS > 0 ? COLUMNS : a.C;
+  // With the width compiled in and 16-bit elements (a vector is one group of eight draws), the
+  // Philox words are kept as drawn, and each element's flag is compared where y is formed: packing
+  // the flags into bits and unpacking them cost more instructions than the registers they save.
+  constexpr bool kDrawnWords = COLUMNS > 0 && VEC == 8;
 
   // The whole warp runs every iteration (its shuffles need every lane); a row group past the last
   // row, or on a token with an id out of range, gathers nothing.
@@ -164,6 +168,7 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     const size_t base = static_cast<size_t>(row) * C;
     const DropoutStream& dropout = a.dropout;
     uint32_t kept[NV];
+    PhiloxWords drawn[NV];  // kDrawnWords: a vector's eight draws, compared where y is formed
     float v[NV][VEC];
     float sum = 0.f;
     if constexpr (COLUMNS > 0) {
@@ -178,8 +183,16 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
         p[j] = V::load(position + c);
         ty[j] = V::load(type + c);
       }
+      if constexpr (kDrawnWords) {
 #pragma unroll
-      for (int j = 0; j < NV; ++j) kept[j] = dropout.template kept_bits<VEC>(base + (j * TPR + t) * VEC);
+        for (int j = 0; j < NV; ++j) {
+          drawn[j] = dropout.dropping ? dropout_words(dropout.seed, dropout.offset, (base + (j * TPR + t) * VEC) >> 3)
+                                      : PhiloxWords{{0u, 0u, 0u, 0u}};  // threshold 0: all kept
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < NV; ++j) kept[j] = dropout.template kept_bits<VEC>(base + (j * TPR + t) * VEC);
+      }
 #pragma unroll
       for (int j = 0; j < NV; ++j) {
 #pragma unroll
@@ -234,7 +247,12 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           const float ln = (v[j][k] - mu) * rs * to_float(g.v[k]) + to_float(b.v[k]);
-          out.v[k] = from_float<T>(gather ? ln * dropout.multiplier(kept[j], k) : NAN);
+          if constexpr (kDrawnWords) {
+            const bool keep = dropout_draw(drawn[j], k) >= dropout.threshold;
+            out.v[k] = from_float<T>(gather ? (keep ? ln * dropout.scale : 0.f) : NAN);
+          } else {
+            out.v[k] = from_float<T>(gather ? ln * dropout.multiplier(kept[j], k) : NAN);
+          }
         }
         out.store(a.y + base + c);
       }
