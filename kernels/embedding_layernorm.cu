@@ -227,44 +227,16 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
         kept[j] = c < C ? dropout.template kept_bits<VEC>(base + c) : 0u;
       }
     }
-    float mu, rs;
-    if constexpr (COLUMNS > 0) {
-      // One pass and one reduction of both sums, about a shift K (the row's first element): the
-      // variance is S2 / C - (S1 / C)^2 of the shifted values, with S1 small wherever K is near the
-      // mean, so the subtraction loses little. A warp a row (TPR 32): the two sums share each
-      // shuffle round, so the row waits for one reduction instead of two in sequence.
-      static_assert(TPR == kWarpSize, "a warp a row with the width compiled in");
-      const float shift = __shfl_sync(0xffffffffu, v[0][0], 0);
-      float s1 = 0.f, s2 = 0.f;
+    const float mu = reduce(sum) / C;
+    float squares = 0.f;
 #pragma unroll
-      for (int j = 0; j < NV; ++j) {
+    for (int j = 0; j < NV; ++j) {
+      if (gather && (j * TPR + t) * VEC < C) {
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          const float d = v[j][k] - shift;
-          s1 += d;
-          s2 += d * d;
-        }
+        for (int k = 0; k < VEC; ++k) squares += (v[j][k] - mu) * (v[j][k] - mu);
       }
-#pragma unroll
-      for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-        s1 += __shfl_xor_sync(0xffffffffu, s1, offset);
-        s2 += __shfl_xor_sync(0xffffffffu, s2, offset);
-      }
-      const float m1 = s1 / C;
-      mu = shift + m1;
-      rs = rsqrtf(fmaxf(s2 / C - m1 * m1, 0.f) + a.eps);
-    } else {
-      mu = reduce(sum) / C;
-      float squares = 0.f;
-#pragma unroll
-      for (int j = 0; j < NV; ++j) {
-        if (gather && (j * TPR + t) * VEC < C) {
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) squares += (v[j][k] - mu) * (v[j][k] - mu);
-        }
-      }
-      rs = rsqrtf(reduce(squares) / C + a.eps);
     }
+    const float rs = rsqrtf(reduce(squares) / C + a.eps);
     if (!valid) continue;  // after the reductions: every lane took part in them
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
