@@ -157,6 +157,9 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
   // Philox words are kept as drawn, and each element's flag is compared where y is formed: packing
   // the flags into bits and unpacking them cost more instructions than the registers they save.
   constexpr bool kDrawnWords = COLUMNS > 0 && VEC == 8;
+  // The draws compared in place without extracting them (below): at 768 columns (three vectors a
+  // lane) only. With four, the 1024-column kernel took 110 registers against 77.
+  constexpr bool kShiftedCompares = kDrawnWords && NV == 3;
 
   // The whole warp runs every iteration (its shuffles need every lane); a row group past the last
   // row, or on a token with an id out of range, gathers nothing.
@@ -227,17 +230,51 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
         kept[j] = c < C ? dropout.template kept_bits<VEC>(base + c) : 0u;
       }
     }
-    const float mu = reduce(sum) / C;
-    float squares = 0.f;
+    float mu, rs;
+    if constexpr (kDrawnWords) {
+      // One pass: the mean from the plain sum (the two-pass mean, bit for bit), the variance from
+      // squares about the row's first element K, var = mean((e - K)^2) - (mean - K)^2, both sums in
+      // the same shuffle rounds. The shift keeps the subtraction benign (|mean - K| is of the order
+      // of the row's deviation), and the second reduction no longer waits for the first.
+      const float shift = __shfl_sync(0xffffffffu, v[0][0], 0);
+      float squares = 0.f;
 #pragma unroll
-    for (int j = 0; j < NV; ++j) {
-      if (gather && (j * TPR + t) * VEC < C) {
+      for (int j = 0; j < NV; ++j) {
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) squares += (v[j][k] - mu) * (v[j][k] - mu);
+        for (int k = 0; k < VEC; ++k) {
+          const float d = v[j][k] - shift;
+          squares = fmaf(d, d, squares);
+        }
       }
+#pragma unroll
+      for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+        sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+        squares += __shfl_xor_sync(0xffffffffu, squares, offset);
+      }
+      mu = sum / C;
+      const float dk = mu - shift;
+      rs = rsqrtf(fmaxf(squares / C - dk * dk, 0.f) + a.eps);
+    } else {
+      mu = reduce(sum) / C;
+      float squares = 0.f;
+#pragma unroll
+      for (int j = 0; j < NV; ++j) {
+        if (gather && (j * TPR + t) * VEC < C) {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) squares += (v[j][k] - mu) * (v[j][k] - mu);
+        }
+      }
+      rs = rsqrtf(reduce(squares) / C + a.eps);
     }
-    const float rs = rsqrtf(reduce(squares) / C + a.eps);
     if (!valid) continue;  // after the reductions: every lane took part in them
+    // kDrawnWords: xhat = e * rstd - mean * rstd, one fma; against (e - mean) * rstd it adds an
+    // error of about 2^-24 |mean| rstd, below 2^-10 (16-bit y's rounding) unless |mean| exceeds
+    // 2^14 times the row's deviation. kShiftedCompares: each 16-bit draw is compared in its word:
+    // the high one as word >= threshold << 16, the low one as (word << 16) >= threshold << 16; a
+    // threshold of 2^16 (every element dropped) does not fit that shift and is tested on its own.
+    const float neg_mu_rs = -mu * rs;
+    const uint32_t threshold_high = dropout.threshold << 16;
+    const bool drop_all = dropout.threshold > 0xFFFFu;
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
       const int c = (j * TPR + t) * VEC;
@@ -246,11 +283,14 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
         V out;
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const float ln = (v[j][k] - mu) * rs * to_float(g.v[k]) + to_float(b.v[k]);
           if constexpr (kDrawnWords) {
-            const bool keep = dropout_draw(drawn[j], k) >= dropout.threshold;
+            const float ln = fmaf(v[j][k], rs, neg_mu_rs) * to_float(g.v[k]) + to_float(b.v[k]);
+            const uint32_t word = drawn[j].w[k >> 1];
+            const bool keep = kShiftedCompares ? !drop_all && ((k & 1) ? word : word << 16) >= threshold_high
+                                               : dropout_draw(drawn[j], k) >= dropout.threshold;
             out.v[k] = from_float<T>(gather ? (keep ? ln * dropout.scale : 0.f) : NAN);
           } else {
+            const float ln = (v[j][k] - mu) * rs * to_float(g.v[k]) + to_float(b.v[k]);
             out.v[k] = from_float<T>(gather ? ln * dropout.multiplier(kept[j], k) : NAN);
           }
         }

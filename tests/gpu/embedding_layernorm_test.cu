@@ -301,6 +301,32 @@ TEST(EmbeddingLayerNormDropout, KeepsOneMinusP) {
   }
 }
 
+// The mask at the draw threshold's edges, at 768 columns in 16-bit types (the kernel that compares
+// each 16-bit draw inside its Philox word): p = 2^-17 (threshold 1), p = 0.5 (threshold 2^15) and
+// p = 1 - 2^-18, which rounds to threshold 2^16 and drops every element.
+TEST(EmbeddingLayerNormDropout, MaskAtThresholdEdges) {
+  FUSEKIT_REQUIRE_GPU();
+  std::mt19937_64 rng(std::random_device{}());
+  const Shape shape{300, 768, 1000};
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (float p : {0x1p-17f, 0.5f, 1.f - 0x1p-18f}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + ", p = " + std::to_string(p));
+      const Outcome run = run_problem(dtype, shape, p, random_ids(shape, rng), rng);
+      size_t wrong = 0, kept = 0;
+      for (size_t i = 0; i < run.m.size(); ++i) {
+        wrong += (run.m[i] == 0) != (run.y[i] == 0 && run.ref.y[i] == 0);
+        kept += run.y[i] != 0;
+      }
+      EXPECT_EQ(wrong, 0u) << "y not zero exactly where the mask drops";
+      if (p > 0.99f) {
+        EXPECT_EQ(kept, 0u) << "a threshold of 2^16 drops every element";
+      } else {
+        EXPECT_LT(relative_error(run.y, run.ref.y), bound(dtype, run.ref.y)) << "y";
+      }
+    }
+  }
+}
+
 // Bad arguments are refused before anything runs (no GPU needed).
 TEST(EmbeddingLayerNormArguments, AreChecked) {
   int64_t fake_ids = 0;
