@@ -178,6 +178,17 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
       const T* word = a.tables.word + (gather ? ids.word : 0) * C;
       const T* position = a.tables.position + (gather ? ids.position : 0) * C;
       const T* type = a.tables.type + (gather ? ids.type : 0) * C;
+      // kDrawnWords: the words are drawn first, in the source, while the ids load (the table rows'
+      // addresses wait for them). Drawn after the table loads, as the other configurations do,
+      // the compiler scheduled part of e's sums (which wait for the rows) ahead of Philox, and the
+      // warp stalled before it: H100, fp16, 8192 x 768, in one process, 14.9 against 14.1 us.
+      if constexpr (kDrawnWords) {
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+          drawn[j] = dropout.dropping ? dropout_words(dropout.seed, dropout.offset, (base + (j * TPR + t) * VEC) >> 3)
+                                      : PhiloxWords{{0u, 0u, 0u, 0u}};  // threshold 0: all kept
+        }
+      }
       V w[NV], p[NV], ty[NV];
 #pragma unroll
       for (int j = 0; j < NV; ++j) {
@@ -186,13 +197,7 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
         p[j] = V::load(position + c);
         ty[j] = V::load(type + c);
       }
-      if constexpr (kDrawnWords) {
-#pragma unroll
-        for (int j = 0; j < NV; ++j) {
-          drawn[j] = dropout.dropping ? dropout_words(dropout.seed, dropout.offset, (base + (j * TPR + t) * VEC) >> 3)
-                                      : PhiloxWords{{0u, 0u, 0u, 0u}};  // threshold 0: all kept
-        }
-      } else {
+      if constexpr (!kDrawnWords) {
 #pragma unroll
         for (int j = 0; j < NV; ++j) kept[j] = dropout.template kept_bits<VEC>(base + (j * TPR + t) * VEC);
       }
