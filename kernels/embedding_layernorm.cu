@@ -160,6 +160,7 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
   // The draws compared in place without extracting them (below): at 768 columns (three vectors a
   // lane) only. With four, the 1024-column kernel took 110 registers against 77.
   constexpr bool kShiftedCompares = kDrawnWords && NV == 3;
+  constexpr bool kDrawFirst = kDrawnWords && NV == 3;  // see below
 
   // The whole warp runs every iteration (its shuffles need every lane); a row group past the last
   // row, or on a token with an id out of range, gathers nothing.
@@ -178,17 +179,19 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
       const T* word = a.tables.word + (gather ? ids.word : 0) * C;
       const T* position = a.tables.position + (gather ? ids.position : 0) * C;
       const T* type = a.tables.type + (gather ? ids.type : 0) * C;
-      // kDrawnWords: the words are drawn first, in the source, while the ids load (the table rows'
+      // kDrawFirst: the words are drawn first, in the source, while the ids load (the table rows'
       // addresses wait for them). Drawn after the table loads, as the other configurations do,
       // the compiler scheduled part of e's sums (which wait for the rows) ahead of Philox, and the
-      // warp stalled before it: H100, fp16, 8192 x 768, in one process, 14.9 against 14.1 us.
-      if constexpr (kDrawnWords) {
+      // warp stalled before it: H100, fp16, 8192 x 768, in one process, 14.9 against 14.1 us. At
+      // 1024 columns drawing first was slower in the suite (8192 x 1024: 18.9 against 20.1 us).
+      auto draw = [&] {
 #pragma unroll
         for (int j = 0; j < NV; ++j) {
           drawn[j] = dropout.dropping ? dropout_words(dropout.seed, dropout.offset, (base + (j * TPR + t) * VEC) >> 3)
                                       : PhiloxWords{{0u, 0u, 0u, 0u}};  // threshold 0: all kept
         }
-      }
+      };
+      if constexpr (kDrawFirst) draw();
       V w[NV], p[NV], ty[NV];
 #pragma unroll
       for (int j = 0; j < NV; ++j) {
@@ -197,7 +200,9 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
         p[j] = V::load(position + c);
         ty[j] = V::load(type + c);
       }
-      if constexpr (!kDrawnWords) {
+      if constexpr (kDrawnWords && !kDrawFirst) {
+        draw();
+      } else if constexpr (!kDrawnWords) {
 #pragma unroll
         for (int j = 0; j < NV; ++j) kept[j] = dropout.template kept_bits<VEC>(base + (j * TPR + t) * VEC);
       }
