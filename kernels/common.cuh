@@ -77,6 +77,21 @@ struct alignas(sizeof(T) * N) Vec {
     }
     return out;
   }
+  // Read-only load (the data does not change during the kernel) that asks L2 to fetch the whole
+  // 256-byte block around it: for rows shorter than a block, gathered by row groups whose
+  // neighbours read the rest of it at about the same time.
+  __device__ __forceinline__ static Vec load_block256(const T* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (sizeof(Vec) == 16) {
+      uint4 raw;
+      asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+          : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+          : "l"(p));
+      return *reinterpret_cast<const Vec*>(&raw);
+    }
+#endif
+    return *reinterpret_cast<const Vec*>(p);
+  }
   __device__ __forceinline__ void store(T* p) const { *reinterpret_cast<Vec*>(p) = *this; }
   // Streaming store (evict first) for outputs too large to stay in L2 until they are read.
   __device__ __forceinline__ void store_stream(T* p) const {

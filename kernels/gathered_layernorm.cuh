@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/layernorm_common.cuh"
 
@@ -28,8 +29,13 @@ using namespace layernorm_rows;
 
 // ---- CUDA kernels
 
+// Lanes per row with up to three vectors each run at most 32 registers (8 blocks of 256 threads a
+// multiprocessor): more rows in flight. Not in bfloat16, where that cap spilled.
+template <class T>
+constexpr bool kCapForwardRegisters = !std::is_same_v<T, __nv_bfloat16>;
 template <class T, int VEC, int NV, int TPR, class Map>
-__global__ void __launch_bounds__(TPR <= kWarpSize ? kLaneKernelThreads : TPR)
+__global__ void __launch_bounds__(TPR <= kWarpSize ? kLaneKernelThreads : TPR,
+                                  kCapForwardRegisters<T>&& TPR <= kWarpSize && NV <= 3 ? 8 : 1)
     forward_kernel(const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta, T* __restrict__ y,
                    float* __restrict__ mean, float* __restrict__ rstd, int rows, int L, float eps, Map map) {
   __shared__ float scratch[kWarpSize];
@@ -43,12 +49,13 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? kLaneKernelThreads : TPR)
     const bool valid = row < rows;
     const auto source = map.row(valid ? row : 0);
     V in[NV];
-    // Plain loads, not streaming (evict-first) ones, measured faster: probably because a 128-byte
-    // line of x can hold parts of two tokens that different row groups read, and evicted first it
-    // may be read twice. H100, fp16, the partition forward, means of three A/B calls: 64x56x56x96
-    // ws7 35.7 -> 34.7 us, 32x96x96x192 ws12 88.1 -> 85.8 us (in the attention suite: 32.5 -> 32.2
-    // and 85.4 -> 83.3 us).
-    load_vectors<TPR, VEC>(in, valid, L, t, [&](int c) { return V::load(x + source(c)); });
+    // Not streaming (evict-first) loads, which measured slower: probably because a 128-byte line
+    // of x can hold parts of two tokens that different row groups read, and evicted first it may
+    // be read twice (H100, fp16, the partition forward at 64x56x56x96 ws7: 35.7 against 34.7 us).
+    // Loads that ask L2 for the whole 256-byte block, with the map's fast divisions and at most 32
+    // registers (above), took the stage-1 partition from 31.5 to 31.1 us (A/B in one process, 40
+    // launches queued per round; cudaMemcpy of the same bytes 29.8).
+    load_vectors<TPR, VEC>(in, valid, L, t, [&](int c) { return V::load_block256(x + source(c)); });
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < NV; ++j) {

@@ -6,6 +6,7 @@
 // contiguously and each token row is read (or written) whole, in 16-byte vectors where C allows.
 // The partition's LayerNorm is gathered_layernorm.cuh (LayerNorm's row groups and two-stage
 // dgamma/dbeta); the merge and its backward are one vector per thread, a thread per vector.
+#include "kernels/fast_divide.h"
 #include "kernels/gathered_layernorm.cuh"
 #include "kernels/swin_window.h"
 
@@ -19,7 +20,11 @@ namespace {
 // Window row r -> its token of x: r = ((b * windows_h + wh) * windows_w + ww) * ws^2 + i * ws + j
 // comes from token (b, (wh * ws + i + shift) % H, (ww * ws + j + shift) % W).
 struct WindowMap {
-  int height, width, window, shift, windows_h, windows_w, channels;
+  int height, width, window, shift, channels;
+  // Divisions by launch-wide constants as a multiply-high and a shift (fast_divide.h): the
+  // partition forward at Swin-T stage 1 computes this map once per 4 lanes per row, and its four
+  // integer divisions were about a fifth of the kernel's instructions.
+  FastDivide area, columns, windows_w, windows_h;
 
   struct Row {
     size_t base;
@@ -27,11 +32,10 @@ struct WindowMap {
   };
 
   __device__ size_t token(int r) const {
-    const int area = window * window;
-    const int index = r / area, p = r - index * area;
-    const int i = p / window, j = p - i * window;
-    const int rest = index / windows_w, ww = index - rest * windows_w;
-    const int b = rest / windows_h, wh = rest - b * windows_h;
+    const int index = area.quotient(r), p = r - index * area.divisor;
+    const int i = columns.quotient(p), j = p - i * window;
+    const int rest = windows_w.quotient(index), ww = index - rest * windows_w.divisor;
+    const int b = windows_h.quotient(rest), wh = rest - b * windows_h.divisor;
     int h = wh * window + i + shift, w = ww * window + j + shift;  // shift < window <= H, W: one wrap at most
     if (h >= height) h -= height;
     if (w >= width) w -= width;
@@ -41,7 +45,15 @@ struct WindowMap {
 };
 
 WindowMap window_map(const WindowShape& s) {
-  return {s.height, s.width, s.window, s.shift, s.height / s.window, s.width / s.window, s.channels};
+  return {s.height,
+          s.width,
+          s.window,
+          s.shift,
+          s.channels,
+          FastDivide(s.window * s.window),
+          FastDivide(s.window),
+          FastDivide(s.width / s.window),
+          FastDivide(s.height / s.window)};
 }
 
 // ---- CUDA kernels (the partition's LayerNorm kernels are gathered_layernorm.cuh's)
