@@ -97,101 +97,6 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? kLaneKernelThreads : TPR,
   }
 }
 
-// Rows of V vectors where V divides 96 but is not a multiple of 32 (Swin's 96 and 192 channels in
-// 16-bit types: 12 and 24 vectors): a warp takes 96 / V whole rows, 96 vectors, and lane l loads
-// vectors l, l + 32 and l + 64 of them, so that each load instruction of the warp reads 512
-// consecutive bytes wherever the map keeps consecutive rows adjacent (7 rows in 8 for windows of 7),
-// as a plain copy does; the row groups of forward_kernel read 64 bytes from each of 8 rows per
-// instruction. The rows' sums meet in shared memory: each lane writes its vectors' partial sums,
-// lane r < 96 / V adds row r's V partials in order and publishes the result.
-constexpr int kFlatWarpVectors = 96;
-constexpr int kFlatThreads = 256;
-
-template <int V>
-constexpr bool kFlatRows = V > 0 && kFlatWarpVectors % V == 0 && V % kWarpSize != 0;
-
-template <class T, int VEC, int V, class Map>
-__global__ void __launch_bounds__(kFlatThreads)
-    flat_forward_kernel(const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta,
-                        T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int rows, float eps,
-                        Map map) {
-  static_assert(kFlatRows<V>, "a warp must hold whole rows");
-  constexpr int R = kFlatWarpVectors / V, K = kFlatWarpVectors / kWarpSize, L = V * VEC;
-  using Vv = Vec<T, VEC>;
-  __shared__ float partial[kFlatThreads / kWarpSize][kFlatWarpVectors];
-  __shared__ float row_stat[kFlatThreads / kWarpSize][R];
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int first = (blockIdx.x * (kFlatThreads / kWarpSize) + warp) * R;
-  float* part = partial[warp];
-  float* stat = row_stat[warp];
-
-  Vv in[K];
-  int row_of[K];
-  bool ok[K];
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int q = k * kWarpSize + lane;
-    row_of[k] = q / V;
-    ok[k] = first + row_of[k] < rows;
-    if (ok[k]) in[k] = Vv::load_block256(x + map.row(first + row_of[k])((q - row_of[k] * V) * VEC));
-  }
-  // The sum of f over each element of a row: out[k] for the row of the lane's vector k; the return
-  // value, in lane r < R, row r's (every lane must call it).
-  auto row_sums = [&](auto&& f, float(&out)[K]) {
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      float s = 0.f;
-      if (ok[k]) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) s += f(k, to_float(in[k].v[e]));
-      }
-      part[k * kWarpSize + lane] = s;
-    }
-    __syncwarp();
-    float mine = 0.f;
-    if (lane < R) {
-#pragma unroll
-      for (int c = 0; c < V; ++c) mine += part[lane * V + c];
-      stat[lane] = mine;
-    }
-    __syncwarp();
-#pragma unroll
-    for (int k = 0; k < K; ++k) out[k] = stat[row_of[k]];
-    __syncwarp();  // part and stat are written again by the next call
-    return mine;
-  };
-  float mu[K], rs[K];
-  const float row_mean = row_sums([](int, float v) { return v; }, mu) / L;
-#pragma unroll
-  for (int k = 0; k < K; ++k) mu[k] /= L;
-  const float row_rstd = rsqrtf(row_sums(
-                                    [&](int k, float v) {
-                                      const float d = v - mu[k];
-                                      return d * d;
-                                    },
-                                    rs) /
-                                    L +
-                                eps);
-#pragma unroll
-  for (int k = 0; k < K; ++k) rs[k] = rsqrtf(rs[k] / L + eps);
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    if (!ok[k]) continue;
-    const int q = k * kWarpSize + lane, c = (q - row_of[k] * V) * VEC;
-    const Vv g = Vv::load(gamma + c), b = Vv::load(beta + c);
-    Vv out;
-#pragma unroll
-    for (int e = 0; e < VEC; ++e)
-      out.v[e] = from_float<T>((to_float(in[k].v[e]) - mu[k]) * rs[k] * to_float(g.v[e]) + to_float(b.v[e]));
-    out.store(y + (static_cast<size_t>(first) * V + q) * VEC);
-  }
-  // Lane r < R writes row r's statistics (the same floats the row's lanes used).
-  if (lane < R && first + lane < rows) {
-    mean[first + lane] = row_mean;
-    rstd[first + lane] = row_rstd;
-  }
-}
-
 // partial: [gridDim.x][2][L] floats: per block, sum over its rows of dy * xhat (dgamma) and dy (dbeta).
 template <class T, int VEC, int NV, int TPR, class Map>
 __global__ void __launch_bounds__(TPR <= kWarpSize ? kLaneKernelThreads : TPR)
@@ -283,19 +188,6 @@ void forward(const char* op, const T* x, const T* gamma, const T* beta, T* y, fl
   bool launched = false;
   dispatch_vector_width<T>(vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
-    if constexpr (VEC > 1) {
-      auto flat = [&](auto v_c) {
-        constexpr int V = decltype(v_c)::value;
-        if (launched || L != V * VEC) return;
-        constexpr int rows_per_block = kFlatThreads / kWarpSize * (kFlatWarpVectors / V);
-        flat_forward_kernel<T, VEC, V, Map><<<std::max(1, ceil_div(rows, rows_per_block)), kFlatThreads, 0, stream>>>(
-            x, gamma, beta, y, mean, rstd, rows, eps, map);
-        launched = true;
-      };
-      flat(std::integral_constant<int, 12>{});
-      flat(std::integral_constant<int, 24>{});
-    }
-    if (launched) return;
     dispatch_config(config, [&](auto tpr_c, auto nv_c) {
       constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
       if constexpr (NV <= 4) {  // choose_config(.., 4) never asks for more
