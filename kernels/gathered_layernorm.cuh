@@ -31,11 +31,10 @@ using namespace layernorm_rows;
 
 // Lanes per row with up to three vectors each run at most 32 registers (8 blocks of 256 threads a
 // multiprocessor): more rows in flight. Not in bfloat16, where that cap spilled.
-template <class T>
-constexpr bool kCapForwardRegisters = !std::is_same_v<T, __nv_bfloat16>;
+template <class T, int NV, int TPR>
+constexpr int kForwardMinBlocks = !std::is_same_v<T, __nv_bfloat16> && TPR <= kWarpSize && NV <= 3 ? 8 : 1;
 template <class T, int VEC, int NV, int TPR, class Map>
-__global__ void __launch_bounds__(TPR <= kWarpSize ? kLaneKernelThreads : TPR,
-                                  kCapForwardRegisters<T>&& TPR <= kWarpSize && NV <= 3 ? 8 : 1)
+__global__ void __launch_bounds__(TPR <= kWarpSize ? kLaneKernelThreads : TPR, kForwardMinBlocks<T, NV, TPR>)
     forward_kernel(const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta, T* __restrict__ y,
                    float* __restrict__ mean, float* __restrict__ rstd, int rows, int L, float eps, Map map) {
   __shared__ float scratch[kWarpSize];
