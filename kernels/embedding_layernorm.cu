@@ -157,10 +157,10 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
   // Philox words are kept as drawn, and each element's flag is compared where y is formed: packing
   // the flags into bits and unpacking them cost more instructions than the registers they save.
   constexpr bool kDrawnWords = COLUMNS > 0 && VEC == 8;
-  // The draws compared in place without extracting them (below): at 768 columns (three vectors a
-  // lane) only. With four, the 1024-column kernel took 110 registers against 77.
-  constexpr bool kShiftedCompares = kDrawnWords && NV == 3;
-  constexpr bool kDrawFirst = kDrawnWords && NV == 3;  // see below
+  // Three vectors a lane (768 columns) also draw the words before the table loads and compare the
+  // draws in place without extracting them (both below). With four (1024 columns) the in-place
+  // compares took 110 registers against 77, and drawing first measured slower.
+  constexpr bool kThreeVectors = kDrawnWords && NV == 3;
 
   // The whole warp runs every iteration (its shuffles need every lane); a row group past the last
   // row, or on a token with an id out of range, gathers nothing.
@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
       const T* word = a.tables.word + (gather ? ids.word : 0) * C;
       const T* position = a.tables.position + (gather ? ids.position : 0) * C;
       const T* type = a.tables.type + (gather ? ids.type : 0) * C;
-      // kDrawFirst: the words are drawn first, in the source, while the ids load (the table rows'
+      // kThreeVectors: the words are drawn first, in the source, while the ids load (the table rows'
       // addresses wait for them). Drawn after the table loads, as the other configurations do,
       // the compiler scheduled part of e's sums (which wait for the rows) ahead of Philox, and the
       // warp stalled before it: H100, fp16, 8192 x 768, in one process, 14.9 against 14.1 us. At
@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
                                       : PhiloxWords{{0u, 0u, 0u, 0u}};  // threshold 0: all kept
         }
       };
-      if constexpr (kDrawFirst) draw();
+      if constexpr (kThreeVectors) draw();
       V w[NV], p[NV], ty[NV];
 #pragma unroll
       for (int j = 0; j < NV; ++j) {
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
         p[j] = V::load(position + c);
         ty[j] = V::load(type + c);
       }
-      if constexpr (kDrawnWords && !kDrawFirst) {
+      if constexpr (kDrawnWords && !kThreeVectors) {
         draw();
       } else if constexpr (!kDrawnWords) {
 #pragma unroll
@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     if (!valid) continue;  // after the reductions: every lane took part in them
     // kDrawnWords: xhat = e * rstd - mean * rstd, one fma; against (e - mean) * rstd it adds an
     // error of about 2^-24 |mean| rstd, below 2^-10 (16-bit y's rounding) unless |mean| exceeds
-    // 2^14 times the row's deviation. kShiftedCompares: each 16-bit draw is compared in its word:
+    // 2^14 times the row's deviation. kThreeVectors: each 16-bit draw is compared in its word:
     // the high one as word >= threshold << 16, the low one as (word << 16) >= threshold << 16; a
     // threshold of 2^16 (every element dropped) does not fit that shift and is tested on its own.
     const float neg_mu_rs = -mu * rs;
@@ -296,8 +296,8 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
           if constexpr (kDrawnWords) {
             const float ln = fmaf(v[j][k], rs, neg_mu_rs) * to_float(g.v[k]) + to_float(b.v[k]);
             const uint32_t word = drawn[j].w[k >> 1];
-            const bool keep = kShiftedCompares ? !drop_all && ((k & 1) ? word : word << 16) >= threshold_high
-                                               : dropout_draw(drawn[j], k) >= dropout.threshold;
+            const bool keep = kThreeVectors ? !drop_all && ((k & 1) ? word : word << 16) >= threshold_high
+                                            : dropout_draw(drawn[j], k) >= dropout.threshold;
             out.v[k] = from_float<T>(gather ? (keep ? ln * dropout.scale : 0.f) : NAN);
           } else {
             const float ln = (v[j][k] - mu) * rs * to_float(g.v[k]) + to_float(b.v[k]);
