@@ -212,7 +212,7 @@ int bench(const BenchOptions& o) {
     const double ceiling = suites::measure_copy_ceiling(size_t{1} << 30, 20);
     store.set_copy_ceiling(run, ceiling);
     std::fprintf(stderr, "fusekit: device copy ceiling %.2f TB/s\n", ceiling / 1e12);
-    suites::RunnerOptions options{o.warmup, o.repetitions, o.traced_repetitions, o.warmup_ms};
+    suites::RunnerOptions options{o.warmup, o.repetitions, o.traced_repetitions, o.warmup_ms, o.sample_us};
     if (ops) {
       if (!suites::baselines_available())
         std::fprintf(stderr, "fusekit: built without libtorch: no baseline variants\n");
@@ -224,7 +224,8 @@ int bench(const BenchOptions& o) {
         std::vector<std::string> peer_args = {"python3",     o.peers,
                                               "--reps",      std::to_string(o.repetitions),
                                               "--warmup",    std::to_string(o.warmup),
-                                              "--warmup-ms", std::to_string(o.warmup_ms)};
+                                              "--warmup-ms", std::to_string(o.warmup_ms),
+                                              "--sample-us", std::to_string(o.sample_us)};
         if (!o.op.empty()) {  // the one case bench ran
           peer_args.insert(peer_args.end(), {"--ops", o.op, "--shapes", o.shape, "--dtypes", o.dtype, "--directions",
                                              o.backward ? "fwd+bwd" : "fwd"});

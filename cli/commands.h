@@ -14,6 +14,7 @@ struct BenchOptions {
   std::string label;
   int warmup = 10;
   double warmup_ms = 25;
+  double sample_us = 500;  // suites::RunnerOptions::sample_us
   int repetitions = 50;
   int traced_repetitions = 5;
   bool allow_dropped = false;

@@ -54,6 +54,12 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--reps", bench_options.repetitions, "Timed repetitions per case")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
+  bench_cmd
+      ->add_option("--sample-us", bench_options.sample_us,
+                   "Each timed sample: back-to-back repetitions between two events spanning at least this many "
+                   "microseconds of device time (0: one repetition a sample)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
   bench_cmd->add_option("--traced-reps", bench_options.traced_repetitions, "Traced repetitions per case")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();

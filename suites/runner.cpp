@@ -43,12 +43,13 @@ class OnExit {
 };
 
 // More warm-up repetitions until `milliseconds` of device time have passed since the first of them:
-// batches timed with events, each sized from the last one's time per repetition.
-void warm_up_for(const Case& c, cudaStream_t stream, double milliseconds, int& rep_counter) {
+// batches timed with events, each sized from the last one's time per repetition. Returns the last
+// batch's time per repetition, in milliseconds.
+double warm_up_for(const Case& c, cudaStream_t stream, double milliseconds, int& rep_counter) {
   Events e;
-  double elapsed = 0;
+  double elapsed = 0, per_rep = 0;
   int batch = 1;
-  while (elapsed < milliseconds) {
+  do {  // at least one batch, for the time per repetition
     FUSEKIT_CUDA_CHECK(cudaEventRecord(e.start_, stream));
     for (int r = 0; r < batch; ++r) c.run(stream, rep_counter++);
     FUSEKIT_CUDA_CHECK(cudaEventRecord(e.stop_, stream));
@@ -56,13 +57,20 @@ void warm_up_for(const Case& c, cudaStream_t stream, double milliseconds, int& r
     float ms = 0;
     FUSEKIT_CUDA_CHECK(cudaEventElapsedTime(&ms, e.start_, e.stop_));
     elapsed += ms;
-    const double per_rep = std::max(static_cast<double>(ms) / batch, 1e-3);
+    per_rep = std::max(static_cast<double>(ms) / batch, 1e-3);
     batch = static_cast<int>(std::min(std::ceil((milliseconds - elapsed) / per_rep), 100000.0));
     batch = std::max(batch, 1);
-  }
+  } while (elapsed < milliseconds);
+  return per_rep;
 }
 
 }  // namespace
+
+int sample_batch(double sample_us, double per_rep_ms) {
+  if (!(sample_us > 0) || !(per_rep_ms > 0)) return 1;
+  return static_cast<int>(
+      std::clamp(std::ceil(sample_us * 1e-3 / per_rep_ms), 1.0, static_cast<double>(kMaxSampleBatch)));
+}
 
 uint64_t run_cases(reports::Store& store, int64_t run, const std::vector<Case>& cases, const RunnerOptions& options) {
   profiler::CuptiTracer& tracer = profiler::CuptiTracer::instance();
@@ -80,12 +88,13 @@ uint64_t run_cases(reports::Store& store, int64_t run, const std::vector<Case>& 
     if (c.setup) c.setup(stream);
     for (int r = 0; r < options.warmup; ++r) c.run(stream, rep_counter++);
     FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
-    warm_up_for(c, stream, options.warmup_ms, rep_counter);
+    const double per_rep_ms = warm_up_for(c, stream, options.warmup_ms, rep_counter);
+    const int batch = sample_batch(options.sample_us, per_rep_ms);
 
     std::vector<Events> events(static_cast<size_t>(options.repetitions));
     for (int r = 0; r < options.repetitions; ++r) {
       FUSEKIT_CUDA_CHECK(cudaEventRecord(events[r].start_, stream));
-      c.run(stream, rep_counter++);
+      for (int b = 0; b < batch; ++b) c.run(stream, rep_counter++);
       FUSEKIT_CUDA_CHECK(cudaEventRecord(events[r].stop_, stream));
     }
     FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -94,7 +103,7 @@ uint64_t run_cases(reports::Store& store, int64_t run, const std::vector<Case>& 
     for (Events& e : events) {
       float ms = 0;
       FUSEKIT_CUDA_CHECK(cudaEventElapsedTime(&ms, e.start_, e.stop_));
-      samples.push_back(static_cast<double>(ms) * 1e6);
+      samples.push_back(static_cast<double>(ms) * 1e6 / batch);
     }
     store.add_case(run, c.info, samples);
 

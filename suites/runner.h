@@ -1,7 +1,9 @@
 // The runner: times cases and traces them, the same way for every suite.
 //
-// Per case: warm-up; R timed repetitions, each between two CUDA events, with the tracer off (every
-// sample is stored, for medians, spreads and the gate's significance test); then T traced
+// Per case: warm-up; R timed samples with the tracer off, each a batch of back-to-back repetitions
+// between two CUDA events, long enough that the events' own cost is a small part of it (every
+// sample, the batch's time per repetition, is stored for medians, spreads and the gate's
+// significance test); then T traced
 // repetitions inside NVTX ranges "<case> [<variant>]" > "rep", whose records give the kernel shares.
 // A case rotates through its own input sets (sized by the case to exceed L2) using the repetition
 // index, so timings are of memory, not of cache.
@@ -38,7 +40,17 @@ struct RunnerOptions {
   // (180 ms of full-bandwidth traffic) the Swin-T trainer step, 290 us, ran its first 9 ms 15% slow
   // with 5 warm-up repetitions; alone it ran at speed from its third repetition (H100).
   double warmup_ms = 25;
+  // Each timed sample runs back-to-back repetitions between one pair of events until it spans at
+  // least this much device time (estimated from the warm-up); 0: one repetition a sample. A pair
+  // of events around every repetition adds the events' own cost to each: on the H100 a cudaMemcpy
+  // of 38.5 MB (Swin-T stage 1's window partition) took 26.9 us in its CUPTI record and 30.1 us
+  // between two events (median, events around each of 30 queued repetitions).
+  double sample_us = 500;
 };
+
+// Repetitions a sample: enough for `sample_us` at `per_rep_ms` a repetition, 1..kMaxSampleBatch.
+constexpr int kMaxSampleBatch = 1000;
+int sample_batch(double sample_us, double per_rep_ms);
 
 // Runs and records every case into `run` of `store`. Returns the number of dropped trace records.
 uint64_t run_cases(reports::Store& store, int64_t run, const std::vector<Case>& cases, const RunnerOptions& options);

@@ -1,7 +1,7 @@
 """PyTorch peers of fusekit's operator suite: PyTorch eager and torch.compile on the same cases.
 
-Each case is timed like fusekit's runner: warm-up, then timed repetitions between CUDA events,
-rotating through input sets larger than twice the L2, every sample kept, with no tracer in the
+Each case is timed like fusekit's runner: warm-up, then timed samples, each a batch of back-to-back
+repetitions between two CUDA events spanning at least --sample-us of device time, rotating through input sets larger than twice the L2, every sample kept, with no tracer in the
 process. `fusekit bench --suite ops --peers scripts/peers/ops.py` runs it twice into the same run
 of the store (FUSEKIT_TRACE_DB, FUSEKIT_TRACE_RUN): once untraced, writing its cases and samples as
 variants peer:eager and peer:compile, and once under `fusekit trace` with --traced-only, which
@@ -28,14 +28,17 @@ OPERATORS = ["layernorm", "bias_gelu", "softmax", "bias_dropout_residual_layerno
 SCHEMA_VERSION = "1"
 
 
-def time_case(step, sets: int, warmup: int, warmup_ms: float, reps: int, label: str) -> list:
+MAX_SAMPLE_BATCH = 1000  # suites/runner.h kMaxSampleBatch
+
+
+def time_case(step, sets: int, warmup: int, warmup_ms: float, reps: int, sample_us: float, label: str) -> list:
     for r in range(warmup):
         step(r % sets)
     torch.cuda.synchronize()
     # Then more until warmup_ms of device time has passed (fusekit's runner does the same): every
     # variant is timed in the steady state, whatever ran before it.
-    elapsed, batch, r = 0.0, 1, warmup
-    while elapsed < warmup_ms:
+    elapsed, batch, r, per_rep = 0.0, 1, warmup, 0.0
+    while True:  # at least one batch, for the time per repetition
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(batch):
@@ -45,16 +48,23 @@ def time_case(step, sets: int, warmup: int, warmup_ms: float, reps: int, label: 
         end.synchronize()
         ms = start.elapsed_time(end)
         elapsed += ms
-        batch = max(1, min(100000, math.ceil((warmup_ms - elapsed) / max(ms / batch, 1e-3))))
+        per_rep = max(ms / batch, 1e-3)
+        batch = max(1, min(100000, math.ceil((warmup_ms - elapsed) / per_rep)))
+        if elapsed >= warmup_ms:
+            break
+    sample_batch = 1 if sample_us <= 0 else max(1, min(MAX_SAMPLE_BATCH, math.ceil(sample_us * 1e-3 / per_rep)))
     torch.cuda.nvtx.range_push(label)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for r, (start, end) in enumerate(events):
+    r = 0
+    for start, end in events:
         start.record()
-        step(r % sets)
+        for _ in range(sample_batch):
+            step(r % sets)
+            r += 1
         end.record()
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
-    return [start.elapsed_time(end) * 1e6 for start, end in events]  # ns
+    return [start.elapsed_time(end) * 1e6 / sample_batch for start, end in events]  # ns a repetition
 
 
 def main() -> int:
@@ -68,10 +78,12 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--warmup-ms", type=float, default=25.0,
                         help="then more warm-up repetitions until this much device time has passed")
+    parser.add_argument("--sample-us", type=float, default=500.0,
+                        help="each timed sample: back-to-back repetitions spanning at least this much device time")
     parser.add_argument("--traced-only", action="store_true", help="a few repetitions for the tracer; no samples")
     args = parser.parse_args()
     if args.traced_only:
-        args.reps, args.warmup = 3, 2
+        args.reps, args.warmup, args.sample_us = 3, 2, 0
     db_path, run = os.environ.get("FUSEKIT_TRACE_DB"), os.environ.get("FUSEKIT_TRACE_RUN")
     if not db_path or not run:
         print("ops.py: run it under `fusekit trace --db DB -- python3 scripts/peers/ops.py`", file=sys.stderr)
@@ -115,7 +127,8 @@ def main() -> int:
             label = f"{case.name} [peer:{variant}]"
             print(f"[{i + 1}/{len(cases)}] {label}", file=sys.stderr, flush=True)
             with torch.enable_grad() if case.backward else torch.no_grad():
-                samples = time_case(step, case.sets, args.warmup, args.warmup_ms, args.reps, label)
+                samples = time_case(step, case.sets, args.warmup, args.warmup_ms, args.reps, args.sample_us,
+                                    label)
             if args.traced_only:
                 continue
             with db:

@@ -68,6 +68,7 @@ expect 2 "command" -- "$FUSEKIT" trace --db "$work/t.db"
 expect 1 "not a fusekit store" -- "$FUSEKIT" trace --db "$work/foreign.db" -- true
 expect 1 "corrupt" -- "$FUSEKIT" trace --db "$work/corrupt.db" -- true
 expect 2 "reps|Range|range" -- "$FUSEKIT" bench --db "$work/b.db" --reps 0
+expect 2 "sample-us|Range|range" -- "$FUSEKIT" bench --db "$work/b.db" --sample-us -1
 expect 2 "suite" -- "$FUSEKIT" bench --db "$work/b.db" --suite nope
 expect 1 "not a fusekit store" -- "$FUSEKIT" bench --db "$work/foreign.db"
 expect 1 "corrupt" -- "$FUSEKIT" bench --db "$work/corrupt.db"
