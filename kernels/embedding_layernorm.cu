@@ -12,12 +12,13 @@
 //      second token of a word zeroes its own float row, which will sum that word;
 //   2. every block scans the position counts in shared memory and writes the tokens' ids in
 //      position order;
-//   3. the row kernel (G row groups a block, each on every G-th token of the block's run of the
-//      order): LayerNorm backward; de of a word used once (most words of a batch) is stored, rounded
-//      once, straight into dword; de of a word used more than once is added with float atomics into
-//      its float row; the de of a run of one position are summed in registers and added once per
-//      run; the token types and dgamma/dbeta are summed per block in shared memory. The block also
-//      zeroes the dword rows of its share of the vocabulary that no token uses;
+//   3. the row kernel (16-bit types at 768 and 1024 columns: a warp a token, on a run of the
+//      order; other rows: G row groups a block, each on every G-th token of the block's run):
+//      LayerNorm backward; de of a word used once (most words of a batch) is stored, rounded once,
+//      straight into dword; de of a word used more than once is added with float atomics into its
+//      float row; the de of a run of one position are summed in registers and added once per run;
+//      the token types and dgamma/dbeta are summed per warp or per block in shared memory. The
+//      block also zeroes the dword rows of its share of the vocabulary that no token uses;
 //   4. the dword rows of repeated words and the position and type rows are converted from their
 //      float sums; the dgamma/dbeta partial rows are summed.
 // H100, fp16, 8192 x 768 (the suite's BERT tables and ids): the backward 107.3 -> 80.7 us against
@@ -797,6 +798,218 @@ __global__ void __launch_bounds__(TPR* G, 1024 / (TPR * G))
   }
 }
 
+// The sorted backward's row kernel for rows of NV x 32 16-byte vectors compiled in (BERT's 768 and
+// 1024 columns in 16-bit types): a warp a token, with no barrier between tokens. Each warp takes a
+// run of `per_warp` consecutive entries (the tokens of a position are mostly in one warp's run) and
+// lane l holds vectors l, l + 32, ... of the row. For each token: the LayerNorm backward, whose two
+// row sums are shuffles within the warp; de of a word used once goes straight to its row of dword
+// (rounded once, from float), de of a word used more than once is added with float atomics into the
+// float row that sums it, and the de of consecutive tokens of one position are summed in registers
+// and added to the position's float row once per run. Each warp keeps its own dgamma, dbeta (and,
+// where kWarpTypeSums allows, token-type) sums in shared memory, each column's floats touched only
+// by the lane that owns the column, so they need neither atomics nor barriers. At the end the block
+// adds its warps' sums into its dgamma/dbeta partial row and its type sums (atomics), and zeroes the
+// rows of dword, among its share of the vocabulary, that no token uses.
+// The block sorted kernel above runs a block of 4 row groups, with two barriers a token for the
+// groups' row sums and a quarter of its threads idle at 768 columns (H100, fp16, 8192 x 768: 39.1 us
+// a call, achieved occupancy 42%, issue slots busy 45%, DRAM 38% of its peak under ncu).
+constexpr int kWarpTokensWarps = 4;  // a block's
+constexpr int kWarpTypeSums = 4;     // token types summed in shared memory (else float atomics)
+
+template <class T, int NV>
+constexpr int warp_tokens_min_blocks() {
+  // Shared memory of (2 + 2 types) x C floats a warp: 48 KB a block at 768 columns, 64 at 1024.
+  return NV <= 3 ? 4 : 3;
+}
+
+template <class T, int NV>
+__global__ void __launch_bounds__(kWarpTokensWarps* kWarpSize, (warp_tokens_min_blocks<T, NV>()))
+    embedding_layernorm_backward_warp_kernel(const BackwardArgs<T> a, const SortedTokens s, T* __restrict__ dword,
+                                             int per_warp) {
+  constexpr int VEC = 16 / sizeof(T), C = NV * kWarpSize * VEC, Q = VEC / 4;  // float4s a vector
+  static_assert(sizeof(T) == 2, "16-bit types: 8 elements a 16-byte vector");
+  using V = Vec<T, VEC>;
+  extern __shared__ float4 warp_sums[];  // per warp: [kinds][NV][Q][32] float4s; kinds: dgamma, dbeta, types
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const Lookup& lookup = a.lookup;
+  const bool shared_types = a.type_sums_offset >= 0;
+  const int kinds = 2 + (shared_types ? lookup.types : 0);
+  float4* mine = warp_sums + static_cast<size_t>(warp) * kinds * (C / 4);
+  // Lane l's float4 q of vector j in sums of kind `kind`: consecutive lanes on consecutive float4s.
+  auto at = [&](int kind, int j, int q) { return mine + (kind * NV * Q + j * Q + q) * kWarpSize + lane; };
+  auto add_to = [&](int kind, const float(&v)[NV][VEC]) {
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+#pragma unroll
+      for (int q = 0; q < Q; ++q) {
+        float4* p = at(kind, j, q);
+        float4 s4 = *p;
+        s4.x += v[j][4 * q];
+        s4.y += v[j][4 * q + 1];
+        s4.z += v[j][4 * q + 2];
+        s4.w += v[j][4 * q + 3];
+        *p = s4;
+      }
+    }
+  };
+  // Before the wait (nothing here depends on the kernels before): gamma, and the warp's sums zeroed.
+  V gv[NV];
+#pragma unroll
+  for (int j = 0; j < NV; ++j) gv[j] = V::load(a.gamma + (j * kWarpSize + lane) * VEC);
+  for (int i = lane; i < kinds * (C / 4); i += kWarpSize) mine[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  wait_for_prior_grid();  // the entries: launch_after_prior
+
+  float position_sum[NV][VEC];
+  int position = -1;  // of position_sum
+  auto flush_position = [&] {
+    if (position < 0) return;
+#pragma unroll
+    for (int j = 0; j < NV; ++j)
+      add_floats<VEC>(a.small_sums + static_cast<size_t>(position) * C + (j * kWarpSize + lane) * VEC, position_sum[j]);
+  };
+  const int run = blockIdx.x * kWarpTokensWarps + warp;
+  const int begin = min(run * per_warp, a.rows), end = min(begin + per_warp, a.rows);
+  int4 next = begin < end ? s.entries[begin] : make_int4(0, -1, 0, 0);
+  int next_row = begin < end ? s.entry_rows[begin] : -1;
+  for (int i = begin; i < end; ++i) {
+    const int4 e = next;  // (token, word, position, type); word -1: ids out of range
+    const int word_row = next_row;
+    if (i + 1 < end) {
+      next = s.entries[i + 1];
+      next_row = s.entry_rows[i + 1];
+    }
+    if (e.y < 0) continue;  // the whole warp: e is the same in every lane
+    const size_t base = static_cast<size_t>(e.x) * C;
+    V w[NV], p[NV], ty[NV], dyv[NV];
+    uint32_t kept[NV];
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * kWarpSize + lane) * VEC;
+      w[j] = V::load(a.tables.word + static_cast<size_t>(e.y) * C + c);
+      p[j] = V::load(a.tables.position + static_cast<size_t>(e.z) * C + c);
+      ty[j] = V::load(a.tables.type + static_cast<size_t>(e.w) * C + c);
+      dyv[j] = V::load_stream(a.dy + base + c);
+    }
+#pragma unroll
+    for (int j = 0; j < NV; ++j) kept[j] = a.dropout.template kept_bits<VEC>(base + (j * kWarpSize + lane) * VEC);
+    const float mu = a.mean[e.x], rs = a.rstd[e.x];
+    float xhat[NV][VEC], g[NV][VEC], tmp[NV][VEC];
+    float sum_g = 0.f, sum_gx = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float x = embedding_sum(to_float(w[j].v[k]), to_float(p[j].v[k]), to_float(ty[j].v[k]));
+        const float d = __fmul_rn(to_float(dyv[j].v[k]), a.dropout.multiplier(kept[j], k));
+        xhat[j][k] = (x - mu) * rs;
+        // Rounded products, as the other backward kernels (no FMA contraction).
+        g[j][k] = __fmul_rn(d, to_float(gv[j].v[k]));
+        sum_g += g[j][k];
+        sum_gx += g[j][k] * xhat[j][k];
+        tmp[j][k] = d;
+      }
+    }
+    add_to(1, tmp);  // dbeta: d
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) tmp[j][k] *= xhat[j][k];
+    }
+    add_to(0, tmp);  // dgamma: d * xhat
+                     // The warp's two sums, their shuffles interleaved.
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+      sum_g += __shfl_xor_sync(0xffffffffu, sum_g, offset);
+      sum_gx += __shfl_xor_sync(0xffffffffu, sum_gx, offset);
+    }
+    const float mean_g = sum_g / C, mean_gx = sum_gx / C;
+    float de[NV][VEC];
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) de[j][k] = rs * (g[j][k] - mean_g - xhat[j][k] * mean_gx);
+    }
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c = (j * kWarpSize + lane) * VEC;
+      if (word_row < 0) {
+        V out;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>(de[j][k]);
+        out.store(dword + static_cast<size_t>(e.y) * C + c);
+      } else {
+        add_floats<VEC>(a.word_sums + static_cast<size_t>(word_row) * C + c, de[j]);
+      }
+    }
+    if (e.z != position) {
+      flush_position();
+      position = e.z;
+#pragma unroll
+      for (int j = 0; j < NV; ++j) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) position_sum[j][k] = de[j][k];
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < NV; ++j) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) position_sum[j][k] += de[j][k];
+      }
+    }
+    if (shared_types) {
+      add_to(2 + e.w, de);
+    } else {
+#pragma unroll
+      for (int j = 0; j < NV; ++j)
+        add_floats<VEC>(a.small_sums + (static_cast<size_t>(lookup.positions) + e.w) * C + (j * kWarpSize + lane) * VEC,
+                        de[j]);
+    }
+  }
+  flush_position();
+  __syncthreads();
+  // The block's warps' sums, column by column: column c of kind `kind` in warp w's sums.
+  const float* sums = reinterpret_cast<const float*>(warp_sums);
+  auto placed = [&](int w, int kind, int column) {
+    const int v = column / VEC, k = column % VEC;  // vector v = j * 32 + l
+    const int j = v / kWarpSize, l = v % kWarpSize;
+    return (((static_cast<size_t>(w) * kinds + kind) * NV * Q + j * Q + k / 4) * kWarpSize + l) * 4 + k % 4;
+  };
+  float* block_partial = a.partial + static_cast<size_t>(blockIdx.x) * 2 * C;
+  for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarpTokensWarps; ++w) sum += sums[placed(w, i / C, i % C)];
+    block_partial[i] = sum;
+  }
+  if (shared_types) {
+    float* to = a.small_sums + static_cast<size_t>(lookup.positions) * C;
+    for (int i = threadIdx.x; i < lookup.types * C; i += blockDim.x) {
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarpTokensWarps; ++w) sum += sums[placed(w, 2 + i / C, i % C)];
+      if (sum != 0.f) atomicAdd(to + i, sum);
+    }
+  }
+  // The block's share of the vocabulary: rows no token uses are zero. A warp looks at 32 rows' counts
+  // at once, then writes the unused ones.
+  const int words = ceil_div(lookup.vocab, static_cast<int>(gridDim.x));
+  const int first_word = blockIdx.x * words, last_word = min(first_word + words, lookup.vocab);
+  V zero;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) zero.v[k] = from_float<T>(0.f);
+  for (int first = first_word + warp * kWarpSize; first < last_word; first += kWarpTokensWarps * kWarpSize) {
+    const int word = first + lane;
+    uint32_t unused = __ballot_sync(0xffffffffu, word < last_word && s.count[word] == 0);
+    while (unused != 0) {
+      const int r = __ffs(unused) - 1;
+      unused &= unused - 1;
+#pragma unroll
+      for (int j = 0; j < NV; ++j)
+        zero.store(dword + static_cast<size_t>(first + r) * C + (j * kWarpSize + lane) * VEC);
+    }
+  }
+}
+
 // After the sorted backward: the rows of dword of words used more than once, and every row of
 // dposition and dtoken_type, from their float sums. Thread (x, y) of a block: columns x * VEC.. of
 // row y of the block's rows.
@@ -997,34 +1210,64 @@ bool backward_sorted(const BackwardArgs<T>& a, float* base, const WorkspaceLayou
                      dim3(threads), sizeof(int) * (l.positions + 1), stream, l, a.rows, s);
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
   int blocks = 0;
-  dispatch_vector_width<T>(vec, [&](auto vec_c) {
-    constexpr int VEC = decltype(vec_c)::value;
-    if constexpr (VEC > 1) {
-      dispatch_block_row_config(config, [&](auto tpr_c, auto) {
-        constexpr int TPR = decltype(tpr_c)::value;
-        constexpr int G = std::min(kSortedGroups, 1024 / TPR);
-        auto kernel = embedding_layernorm_backward_sorted_kernel<T, VEC, TPR, G>;
-        BackwardArgs<T> args = a;
-        const size_t column_bytes = sizeof(float) * G * 2 * a.C;
-        const size_t type_bytes = sizeof(float) * G * static_cast<size_t>(l.types) * a.C;
-        args.type_sums_offset = type_bytes <= kTypeSumsSharedBytes ? G * 2 * a.C : -1;
-        const size_t shared = column_bytes + (args.type_sums_offset >= 0 ? type_bytes : 0);
-        const size_t static_bytes = sizeof(float) * G * 2 * (TPR / kWarpSize) + sizeof(int) * TPR * G;
-        if (shared + static_bytes > 48 * 1024) {
-          FUSEKIT_CUDA_CHECK(
-              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
-        }
-        // One wave, each block on a run of consecutive entries.
-        int resident = 0;
-        FUSEKIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, TPR * G, shared));
-        blocks = std::max(1, std::min({backward_block_limit(a.rows), std::max(resident, 1) * multiprocessors(),
-                                       ceil_div(a.rows, G)}));
-        const int per_block = ceil_div(a.rows, blocks);
-        blocks = ceil_div(a.rows, per_block);
-        launch_after_prior(kernel, dim3(blocks), dim3(TPR * G), shared, stream, args, s, dword, per_block);
-      });
-    }
-  });
+  if constexpr (sizeof(T) == 2) {
+    // Rows of 3 or 4 16-byte vectors a lane: a warp a token.
+    const int nv = vec == 8 && a.C % (kWarpSize * 8) == 0 ? a.C / (kWarpSize * 8) : 0;
+    auto launch_warps = [&](auto nv_c) {
+      constexpr int NV = decltype(nv_c)::value;
+      auto kernel = embedding_layernorm_backward_warp_kernel<T, NV>;
+      BackwardArgs<T> args = a;
+      const bool shared_types = l.types <= kWarpTypeSums;
+      args.type_sums_offset = shared_types ? 0 : -1;
+      const size_t shared = sizeof(float) * kWarpTokensWarps * (2 + (shared_types ? l.types : 0)) * a.C;
+      if (shared > 48 * 1024) {
+        FUSEKIT_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+      }
+      // One wave of warps, each on a run of consecutive entries; at most backward_block_limit blocks
+      // (the dgamma/dbeta partial rows).
+      int resident = 0;
+      FUSEKIT_CUDA_CHECK(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kWarpTokensWarps * kWarpSize, shared));
+      const int warps = kWarpTokensWarps *
+                        std::max(1, std::min(backward_block_limit(a.rows), std::max(resident, 1) * multiprocessors()));
+      const int per_warp = ceil_div(a.rows, warps);
+      blocks = ceil_div(ceil_div(a.rows, per_warp), kWarpTokensWarps);
+      launch_after_prior(kernel, dim3(blocks), dim3(kWarpTokensWarps * kWarpSize), shared, stream, args, s, dword,
+                         per_warp);
+    };
+    if (nv == 3) launch_warps(std::integral_constant<int, 3>{});
+    if (nv == 4) launch_warps(std::integral_constant<int, 4>{});
+  }
+  if (blocks == 0)
+    dispatch_vector_width<T>(vec, [&](auto vec_c) {
+      constexpr int VEC = decltype(vec_c)::value;
+      if constexpr (VEC > 1) {
+        dispatch_block_row_config(config, [&](auto tpr_c, auto) {
+          constexpr int TPR = decltype(tpr_c)::value;
+          constexpr int G = std::min(kSortedGroups, 1024 / TPR);
+          auto kernel = embedding_layernorm_backward_sorted_kernel<T, VEC, TPR, G>;
+          BackwardArgs<T> args = a;
+          const size_t column_bytes = sizeof(float) * G * 2 * a.C;
+          const size_t type_bytes = sizeof(float) * G * static_cast<size_t>(l.types) * a.C;
+          args.type_sums_offset = type_bytes <= kTypeSumsSharedBytes ? G * 2 * a.C : -1;
+          const size_t shared = column_bytes + (args.type_sums_offset >= 0 ? type_bytes : 0);
+          const size_t static_bytes = sizeof(float) * G * 2 * (TPR / kWarpSize) + sizeof(int) * TPR * G;
+          if (shared + static_bytes > 48 * 1024) {
+            FUSEKIT_CUDA_CHECK(
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+          }
+          // One wave, each block on a run of consecutive entries.
+          int resident = 0;
+          FUSEKIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, TPR * G, shared));
+          blocks = std::max(1, std::min({backward_block_limit(a.rows), std::max(resident, 1) * multiprocessors(),
+                                         ceil_div(a.rows, G)}));
+          const int per_block = ceil_div(a.rows, blocks);
+          blocks = ceil_div(a.rows, per_block);
+          launch_after_prior(kernel, dim3(blocks), dim3(TPR * G), shared, stream, args, s, dword, per_block);
+        });
+      }
+    });
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
 
   const int table_vec = vector_width<T>(a.C, {dword, dposition, dtype});

@@ -225,7 +225,10 @@ INSTANTIATE_TEST_SUITE_P(
                                          // One position for all tokens, 50 words: the sorted backward's
                                          // longest runs and its atomics on repeated words. 9000
                                          // positions: past the sorted backward's limit.
-                                         Shape{3000, 768, 50, 1, 2}, Shape{100, 768, 300, 9000, 2}),
+                                         Shape{3000, 768, 50, 1, 2}, Shape{100, 768, 300, 9000, 2},
+                                         // 16-bit types at 768 and 1024 columns take a warp a token:
+                                         // 5 token types are summed with atomics, 3 in shared memory.
+                                         Shape{700, 768, 900, 40, 5}, Shape{1500, 1024, 600, 512, 3}),
                        ::testing::Values(0.f, 0.1f)),
     param_name);
 
@@ -235,7 +238,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(EmbeddingLayerNormRepeatedIds, WordGradientIsSummedInFloat) {
   FUSEKIT_REQUIRE_GPU();
   std::mt19937_64 rng(std::random_device{}());
-  for (int hidden : {64, 768}) {  // a warp a row (unsorted backward), a block a row (sorted)
+  for (int hidden : {64, 768}) {  // a warp a row (unsorted backward), a warp a token (sorted)
     SCOPED_TRACE("hidden " + std::to_string(hidden));
     const Shape shape{8192, hidden, 4, 128, 2};
     const Outcome run = run_problem(DType::f16, shape, 0.1f, random_ids(shape, rng), rng);
