@@ -546,14 +546,14 @@ __global__ void count_tokens_kernel(Lookup lookup, int rows, SortedTokens s, flo
     int uses = -1;  // tokens of this word before this one
     if (lane == 0) {
       const TokenIds ids = lookup.at(r);
-      if (ids.in_range) {
-        uses = atomicAdd(s.count + ids.word, 1);
-        if (uses == 1) {
-          s.second[ids.word] = r;
-          s.repeated[1 + atomicAdd(s.repeated, 1)] = static_cast<int>(ids.word);
-        }
+      // Both counts' atomics in flight at once: neither waits for the other's answer.
+      const int rank = atomicAdd(s.pcount + (ids.in_range ? ids.position : lookup.positions), 1);
+      if (ids.in_range) uses = atomicAdd(s.count + ids.word, 1);
+      s.rank[r] = rank;
+      if (uses == 1) {
+        s.second[ids.word] = r;
+        s.repeated[1 + atomicAdd(s.repeated, 1)] = static_cast<int>(ids.word);
       }
-      s.rank[r] = atomicAdd(s.pcount + (ids.in_range ? ids.position : lookup.positions), 1);
     }
     if (__shfl_sync(0xffffffffu, uses, 0) == 1) {
       float* row = word_sums + static_cast<size_t>(r) * C;
@@ -570,6 +570,9 @@ __global__ void count_tokens_kernel(Lookup lookup, int rows, SortedTokens s, flo
 // entries[first entry of position p + rank] = the token's ids, with the first entries from an
 // exclusive scan of pcount that every block does for itself in shared memory (positions + 1 ints).
 __global__ void order_tokens_kernel(Lookup lookup, int rows, SortedTokens s) {
+  // The first token's ids before the wait: they are inputs, not the counts' results.
+  const int first_row = blockIdx.x * blockDim.x + threadIdx.x;
+  const TokenIds first_ids = lookup.at(min(first_row, rows - 1));
   wait_for_prior_grid();  // the counts: launch_after_prior
   extern __shared__ int first_entry[];
   __shared__ int warp_totals[kWarpSize];
@@ -594,8 +597,8 @@ __global__ void order_tokens_kernel(Lookup lookup, int rows, SortedTokens s) {
     before += s.pcount[i];
   }
   __syncthreads();
-  for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x) {
-    const TokenIds ids = lookup.at(r);
+  for (int r = first_row; r < rows; r += gridDim.x * blockDim.x) {
+    const TokenIds ids = r == first_row ? first_ids : lookup.at(r);
     const int at = first_entry[ids.in_range ? ids.position : lookup.positions] + s.rank[r];
     s.entries[at] = ids.in_range ? make_int4(r, static_cast<int>(ids.word), static_cast<int>(ids.position),
                                              static_cast<int>(ids.type))
@@ -808,8 +811,9 @@ __global__ void __launch_bounds__(TPR* G, 1024 / (TPR * G))
 // and added to the position's float row once per run. Each warp keeps its own dgamma, dbeta (and,
 // where kWarpTypeSums allows, token-type) sums in shared memory, each column's floats touched only
 // by the lane that owns the column, so they need neither atomics nor barriers. At the end the block
-// adds its warps' sums into its dgamma/dbeta partial row and its type sums (atomics), and zeroes the
-// rows of dword, among its share of the vocabulary, that no token uses.
+// adds its warps' sums into its dgamma/dbeta partial row and its type sums (atomics). Each warp also
+// zeroes the rows of dword, among its share of the vocabulary, that no token uses, a few with each
+// token (H100, fp16, 8192 x 768: all after the tokens, the backward took XX us; all before them, YY).
 // The block sorted kernel above runs a block of 4 row groups, with two barriers a token for the
 // groups' row sums and a quarter of its threads idle at 768 columns (H100, fp16, 8192 x 768: 39.1 us
 // a call, achieved occupancy 42%, issue slots busy 45%, DRAM 38% of its peak under ncu).
@@ -852,10 +856,7 @@ __global__ void __launch_bounds__(kWarpTokensWarps* kWarpSize, (warp_tokens_min_
       }
     }
   };
-  // Before the wait (nothing here depends on the kernels before): gamma, and the warp's sums zeroed.
-  V gv[NV];
-#pragma unroll
-  for (int j = 0; j < NV; ++j) gv[j] = V::load(a.gamma + (j * kWarpSize + lane) * VEC);
+  // Before the wait (nothing here depends on the kernels before): the warp's sums zeroed.
   for (int i = lane; i < kinds * (C / 4); i += kWarpSize) mine[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   wait_for_prior_grid();  // the entries: launch_after_prior
 
@@ -869,6 +870,31 @@ __global__ void __launch_bounds__(kWarpTokensWarps* kWarpSize, (warp_tokens_min_
   };
   const int run = blockIdx.x * kWarpTokensWarps + warp;
   const int begin = min(run * per_warp, a.rows), end = min(begin + per_warp, a.rows);
+  // The warp's share of the vocabulary: its rows that no token uses are zero. They are written a few
+  // rows a token, while the token's loads are in flight (the stores need nothing back), and the rest
+  // after the last token. `unused` marks the unused rows among [window, window + 32) of the share.
+  const int words = ceil_div(lookup.vocab, static_cast<int>(gridDim.x) * kWarpTokensWarps);
+  const int first_word = min(run * words, lookup.vocab), last_word = min(first_word + words, lookup.vocab);
+  int window = first_word, quota = 0;  // rows a token
+  uint32_t unused = 0;
+  bool window_loaded = false;
+  V zero;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) zero.v[k] = from_float<T>(0.f);
+  auto load_window = [&] {
+    const int word = window + lane;
+    unused = __ballot_sync(0xffffffffu, word < last_word && s.count[word] == 0);
+    window_loaded = true;
+  };
+  auto zero_rows = [&](int n) {
+    for (; n > 0 && unused != 0; --n) {
+      const int r = __ffs(unused) - 1;
+      unused &= unused - 1;
+#pragma unroll
+      for (int j = 0; j < NV; ++j)
+        zero.store(dword + static_cast<size_t>(window + r) * C + (j * kWarpSize + lane) * VEC);
+    }
+  };
   int4 next = begin < end ? s.entries[begin] : make_int4(0, -1, 0, 0);
   int next_row = begin < end ? s.entry_rows[begin] : -1;
   for (int i = begin; i < end; ++i) {
@@ -890,6 +916,11 @@ __global__ void __launch_bounds__(kWarpTokensWarps* kWarpSize, (warp_tokens_min_
       ty[j] = V::load(a.tables.type + static_cast<size_t>(e.w) * C + c);
       dyv[j] = V::load_stream(a.dy + base + c);
     }
+    if (!window_loaded) {
+      load_window();
+      quota = ceil_div(__popc(unused), end - i);
+    }
+    zero_rows(quota);
 #pragma unroll
     for (int j = 0; j < NV; ++j) kept[j] = a.dropout.template kept_bits<VEC>(base + (j * kWarpSize + lane) * VEC);
     const float mu = a.mean[e.x], rs = a.rstd[e.x];
@@ -897,13 +928,14 @@ __global__ void __launch_bounds__(kWarpTokensWarps* kWarpSize, (warp_tokens_min_
     float sum_g = 0.f, sum_gx = 0.f;
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
+      const V gv = V::load(a.gamma + (j * kWarpSize + lane) * VEC);  // from L1 after the first token
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         const float x = embedding_sum(to_float(w[j].v[k]), to_float(p[j].v[k]), to_float(ty[j].v[k]));
         const float d = __fmul_rn(to_float(dyv[j].v[k]), a.dropout.multiplier(kept[j], k));
         xhat[j][k] = (x - mu) * rs;
         // Rounded products, as the other backward kernels (no FMA contraction).
-        g[j][k] = __fmul_rn(d, to_float(gv[j].v[k]));
+        g[j][k] = __fmul_rn(d, to_float(gv.v[k]));
         sum_g += g[j][k];
         sum_gx += g[j][k] * xhat[j][k];
         tmp[j][k] = d;
@@ -990,37 +1022,25 @@ __global__ void __launch_bounds__(kWarpTokensWarps* kWarpSize, (warp_tokens_min_
       if (sum != 0.f) atomicAdd(to + i, sum);
     }
   }
-  // The block's share of the vocabulary: rows no token uses are zero. A warp looks at 32 rows' counts
-  // at once, then writes the unused ones.
-  const int words = ceil_div(lookup.vocab, static_cast<int>(gridDim.x));
-  const int first_word = blockIdx.x * words, last_word = min(first_word + words, lookup.vocab);
-  V zero;
-#pragma unroll
-  for (int k = 0; k < VEC; ++k) zero.v[k] = from_float<T>(0.f);
-  for (int first = first_word + warp * kWarpSize; first < last_word; first += kWarpTokensWarps * kWarpSize) {
-    const int word = first + lane;
-    uint32_t unused = __ballot_sync(0xffffffffu, word < last_word && s.count[word] == 0);
-    while (unused != 0) {
-      const int r = __ffs(unused) - 1;
-      unused &= unused - 1;
-#pragma unroll
-      for (int j = 0; j < NV; ++j)
-        zero.store(dword + static_cast<size_t>(first + r) * C + (j * kWarpSize + lane) * VEC);
-    }
+  // The rest of the warp's share of the vocabulary.
+  if (!window_loaded) load_window();
+  while (true) {
+    zero_rows(kWarpSize);
+    window += kWarpSize;
+    if (window >= last_word) break;
+    load_window();
   }
 }
 
-// After the sorted backward: the rows of dword of words used more than once, and every row of
-// dposition and dtoken_type, from their float sums. Thread (x, y) of a block: columns x * VEC.. of
-// row y of the block's rows.
+// Rows y, y + rows_per_step, ... of the tables after the sorted backward, x of `threads` threads on
+// each row.
 template <class T, int VEC>
-__global__ void sorted_table_gradient_kernel(const SortedTokens s, const float* __restrict__ word_sums,
-                                             const float* __restrict__ small_sums, T* __restrict__ dword,
-                                             T* __restrict__ dposition, T* __restrict__ dtype, int positions, int types,
-                                             int C) {
-  wait_for_prior_grid();  // the sums: launch_after_prior
-  const int repeated = *s.repeated, total = repeated + positions + types;
-  for (int row = blockIdx.x * blockDim.y + threadIdx.y; row < total; row += gridDim.x * blockDim.y) {
+__device__ __forceinline__ void sorted_table_rows(const SortedTokens& s, const float* __restrict__ word_sums,
+                                                  const float* __restrict__ small_sums, T* __restrict__ dword,
+                                                  T* __restrict__ dposition, T* __restrict__ dtype, int positions,
+                                                  int C, int total, int x, int threads, int y, int rows_per_step) {
+  const int repeated = *s.repeated;
+  for (int row = y; row < total; row += rows_per_step) {
     const float* from;
     T* to;
     if (row < repeated) {
@@ -1033,13 +1053,37 @@ __global__ void sorted_table_gradient_kernel(const SortedTokens s, const float* 
       to = small < positions ? dposition + static_cast<size_t>(small) * C
                              : dtype + static_cast<size_t>(small - positions) * C;
     }
-    for (int c = threadIdx.x * VEC; c < C; c += blockDim.x * VEC) {
+    for (int c = x * VEC; c < C; c += threads * VEC) {
       Vec<T, VEC> out;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>(from[c + k]);
       out.store(to + c);
     }
   }
+}
+
+// After the sorted backward, in one launch: the rows of dword of words used more than once, and every
+// row of dposition and dtoken_type, from their float sums; and dgamma, dbeta from the row kernel's
+// partial rows. Blocks [0, C / kGradientColumns) each sum a tile of columns (parameter_gradient_
+// kernel's work), the others convert rows, `row_threads` threads a row (H100, fp16, 8192 x 768: the
+// two as separate kernels took XX us, one launch YY).
+template <class T, int VEC>
+__global__ void __launch_bounds__(kGradientThreads)
+    sorted_gradients_kernel(const SortedTokens s, const float* __restrict__ word_sums,
+                            const float* __restrict__ small_sums, T* __restrict__ dword, T* __restrict__ dposition,
+                            T* __restrict__ dtype, int positions, int types, int C, const float* __restrict__ partial,
+                            int parts, ParameterGradients<T, 2> parameters, int row_threads) {
+  wait_for_prior_grid();  // the sums and the partial rows: launch_after_prior
+  const int tiles = ceil_div(C, kGradientColumns);
+  if (static_cast<int>(blockIdx.x) < tiles) {
+    parameter_gradient_tile<T, 2>(partial, parts, C, parameters, blockIdx.x);
+    return;
+  }
+  const int rows_per_block = kGradientThreads / row_threads, y = threadIdx.x / row_threads;
+  if (y >= rows_per_block) return;
+  sorted_table_rows<T, VEC>(s, word_sums, small_sums, dword, dposition, dtype, positions, C,
+                            *s.repeated + positions + types, threadIdx.x % row_threads, row_threads,
+                            (blockIdx.x - tiles) * rows_per_block + y, (gridDim.x - tiles) * rows_per_block);
 }
 
 template <class T>
@@ -1274,12 +1318,15 @@ bool backward_sorted(const BackwardArgs<T>& a, float* base, const WorkspaceLayou
   dispatch_vector_width<T>(table_vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
     // At most one repeated word per two tokens.
-    const TableLaunch launch(a.C, VEC, std::min(a.rows / 2, l.vocab) + l.positions + l.types);
-    launch_after_prior(sorted_table_gradient_kernel<T, VEC>, launch.grid, launch.block, 0, stream, s, a.word_sums,
-                       a.small_sums, dword, dposition, dtype, l.positions, l.types, a.C);
+    const int table_rows = std::min(a.rows / 2, l.vocab) + l.positions + l.types;
+    const int row_threads = TableLaunch(a.C, VEC, table_rows).block.x;
+    const int tiles = ceil_div(a.C, kGradientColumns);
+    const int row_blocks = std::min(ceil_div(table_rows, kGradientThreads / row_threads), 32 * multiprocessors());
+    launch_after_prior(sorted_gradients_kernel<T, VEC>, dim3(tiles + row_blocks), dim3(kGradientThreads), 0, stream, s,
+                       a.word_sums, a.small_sums, dword, dposition, dtype, l.positions, l.types, a.C, a.partial, blocks,
+                       ParameterGradients<T, 2>{{dgamma, dbeta}}, row_threads);
   });
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
-  launch_parameter_gradients<T, 2>(a.partial, blocks, a.C, {{dgamma, dbeta}}, stream);
   return true;
 }
 

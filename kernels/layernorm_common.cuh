@@ -313,14 +313,15 @@ struct ParameterGradients {
 constexpr int kGradientColumns = 8;
 constexpr int kGradientThreads = 1024;
 
+// The work of block `tile` (columns tile * kGradientColumns..) of kGradientThreads threads; other
+// kernels that run this second stage beside other work call it from some of their blocks.
 template <class T, int K>
-__global__ void __launch_bounds__(kGradientThreads)
-    parameter_gradient_kernel(const float* __restrict__ partial, int parts, int C, ParameterGradients<T, K> gradients) {
-  wait_for_prior_grid();  // the partial rows come from the kernel before
+__device__ __forceinline__ void parameter_gradient_tile(const float* __restrict__ partial, int parts, int C,
+                                                        const ParameterGradients<T, K>& gradients, int tile) {
   constexpr int kSlices = kGradientThreads / kGradientColumns;
   __shared__ float sums[K][kSlices][kGradientColumns + 1];
   const int x = threadIdx.x % kGradientColumns, slice = threadIdx.x / kGradientColumns;
-  const int c0 = blockIdx.x * kGradientColumns, c = c0 + x;
+  const int c0 = tile * kGradientColumns, c = c0 + x;
   float s[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) s[k] = 0.f;
@@ -343,6 +344,13 @@ __global__ void __launch_bounds__(kGradientThreads)
       if (lane == 0) gradients.out[k][c0 + warp] = from_float<T>(v);
     }
   }
+}
+
+template <class T, int K>
+__global__ void __launch_bounds__(kGradientThreads)
+    parameter_gradient_kernel(const float* __restrict__ partial, int parts, int C, ParameterGradients<T, K> gradients) {
+  wait_for_prior_grid();  // the partial rows come from the kernel before
+  parameter_gradient_tile<T, K>(partial, parts, C, gradients, blockIdx.x);
 }
 
 template <class T, int K>
