@@ -820,7 +820,7 @@ __global__ void __launch_bounds__(TPR* G, 1024 / (TPR * G))
 // This kernel is bound by latency: 128 registers and 49 KB of shared memory a block hold it to 16
 // warps an SM, and ncu finds DRAM 43% busy. Loading the next token's rows while one is computed
 // (two tokens' reads in flight a warp, at 12 warps an SM; tried and dropped) gained nothing at 768
-// columns (the backward 58.0 against 58.4 us) and lost 10 us at 1024.
+// columns (the backward 57.9 against 58.4 us) and lost 9 us at 1024.
 constexpr int kWarpTokensWarps = 4;  // a block's
 constexpr int kWarpTypeSums = 4;     // token types summed in shared memory (else float atomics)
 
