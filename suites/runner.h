@@ -3,7 +3,7 @@
 // Per case: warm-up; R timed samples with the tracer off, each a batch of back-to-back repetitions
 // between two CUDA events, long enough that the events' own cost is a small part of it (every
 // sample, the batch's time per repetition, is stored for medians, spreads and the gate's
-// significance test); then T traced
+// significance test). Once every case is timed, each is set up again for T traced
 // repetitions inside NVTX ranges "<case> [<variant>]" > "rep", whose records give the kernel shares.
 // A case rotates through its own input sets (sized by the case to exceed L2) using the repetition
 // index, so timings are of memory, not of cache.
