@@ -64,6 +64,13 @@ double warm_up_for(const Case& c, cudaStream_t stream, double milliseconds, int&
   return per_rep;
 }
 
+// The case's operands, then `warmup` repetitions, finished.
+void set_up(const Case& c, cudaStream_t stream, int warmup, int& rep_counter) {
+  if (c.setup) c.setup(stream);
+  for (int r = 0; r < warmup; ++r) c.run(stream, rep_counter++);
+  FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
 }  // namespace
 
 int sample_batch(double sample_us, double per_rep_ms) {
@@ -89,9 +96,7 @@ uint64_t run_cases(reports::Store& store, int64_t run, const std::vector<Case>& 
     OnExit release([&c] {
       if (c.release) c.release();
     });
-    if (c.setup) c.setup(stream);
-    for (int r = 0; r < options.warmup; ++r) c.run(stream, rep_counter++);
-    FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    set_up(c, stream, options.warmup, rep_counter);
     const double per_rep_ms = warm_up_for(c, stream, options.warmup_ms, rep_counter);
     const int batch = sample_batch(options.sample_us, per_rep_ms);
 
@@ -122,9 +127,7 @@ uint64_t run_cases(reports::Store& store, int64_t run, const std::vector<Case>& 
     OnExit release([&c] {
       if (c.release) c.release();
     });
-    if (c.setup) c.setup(stream);
-    for (int r = 0; r < options.warmup; ++r) c.run(stream, rep_counter++);
-    FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    set_up(c, stream, options.warmup, rep_counter);
     tracer.start();
     OnExit stop_tracer([&tracer] {
       try {
