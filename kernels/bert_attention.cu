@@ -10,10 +10,11 @@
 // them without bank conflicts); the tiles a kernel walks are double-buffered with cp.async, the
 // next tile's copies in flight while the current one is computed.
 //
-// Forward (a block per (sequence, head, 64 queries)): for each key tile up to the valid length,
-// S = Q K^T in the log2 domain, the running max and sum per row updated over the 4 lanes of a quad,
-// O scaled by exp2(m_old - m_new), P = exp2(S - m_new) through the dropout mask and O += P V. O / l
-// and the lse are written once at the end.
+// Forward (a block per (sequence, head, 64 queries), 4 blocks an SM where D <= 64): for each key
+// tile up to the valid length, S = Q K^T, the running max (log2 domain) and sum per row updated over
+// the 4 lanes of a quad, O scaled by exp2(m_old - m_new), P = exp2(S * scale log2(e) - m_new) in one
+// FMA an element, dropped elements zeroed and O += P V. O / l (times 1 / (1 - p)) and the lse are
+// written once at the end.
 //
 // Backward, two kernels and no atomics (deterministic): bert_attention_query_kernel per (sequence,
 // head, 64 queries) computes D = rowsum(dO * O) (into the workspace) and walks the key tiles for
@@ -21,14 +22,18 @@
 // computing S^T = K Q^T and dP^T = V dO^T directly, so P^T and dS^T are left operands in registers
 // too. Both recompute P = exp2(S - lse).
 //
-// Dropout: element (i, j) of the Philox stream is ((b * heads + h) * seq + i) * seq + j. The lanes
-// of a quad split a row's (or a key column's) groups of 4 elements between them (dropout_kept_bits4:
-// one Philox call, or two where the 4 straddle two of the stream's groups of 8) and exchange the
-// flags with shuffles: each element's draw is made once per kernel.
+// Dropout: element (i, j) of the Philox stream is ((b * heads + h) * seq + i) * seq + j. In the
+// forward and dQ kernels, the lanes of a quad draw the 16 (row, 8-key tile) pairs of their rows once
+// each, 8 flags a Philox call (dropout_kept_bits8: one call, or two where the 8 straddle two of the
+// stream's groups of 8), and exchange the flags with shuffles (row_dropout_bits); in the dK/dV
+// kernel the 8 lanes that hold the same queries draw their (query, 8 keys) pairs once each
+// (column_dropout_bits). Each element's draw is made once per kernel, and the round keys are kernel
+// parameters (KeyedDropout::keys), read from the constant bank.
 //
 // Build with -DFUSEKIT_BERT_PAIR_LOADS to read the fragments with plain 32-bit and 16-bit shared
 // loads (the pattern of window_attention.cu) instead of ldmatrix, to isolate a fragment-layout bug.
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -55,8 +60,7 @@ struct Config {
   static constexpr int kLd = D + 8;  // T per tile row: 16-byte rows 4 banks apart
   static constexpr int kTileElements = kTile * kLd;
   static constexpr size_t kTileBytes = sizeof(T) * kTileElements;
-  static constexpr int kDimTiles = D / 8;   // 8-column tiles of O, dQ, dK, dV
-  static constexpr int kDimSteps = D / 16;  // 16-wide k steps of Q K^T, dO V^T
+  static constexpr int kDimTiles = D / 8;  // 8-column tiles of O, dQ, dK, dV
   static constexpr size_t kRowBytes = sizeof(float) * kTile;
   // Forward: Q, then two stages of (K, V).
   static constexpr size_t kForwardBytes = 5 * kTileBytes;
@@ -64,9 +68,10 @@ struct Config {
   static constexpr size_t kQueryBytes = 6 * kTileBytes + 2 * kRowBytes;
   // dK/dV kernel: K, V, two stages of (Q, dO), two stages of lse and D per query.
   static constexpr size_t kKeyBytes = 6 * kTileBytes + 4 * kRowBytes;
-  // Q's fragments stay in registers through the forward's key loop where they fit.
-  static constexpr bool kQueryInRegisters = D <= 64;
-  static constexpr int kForwardBlocksPerSm = D == 128 ? 2 : 3;
+  // 4 forward blocks an SM (128 registers a thread) where D <= 64: at BERT-base (64 x 12 x 128 x 64,
+  // dropout 0.1) 36.1 us a call against 39.3 us with 3 blocks and Q's fragments kept in registers
+  // (147 registers).
+  static constexpr int kForwardBlocksPerSm = D == 128 ? 2 : 4;
   static constexpr int kBackwardBlocksPerSm = 2;
   // 8-query tiles of S^T and dP^T the dK/dV kernel holds at once: at D = 128, its dK and dV
   // accumulators take 128 registers, and half a query tile keeps it from spilling.
@@ -75,6 +80,16 @@ struct Config {
   static_assert(kTile * (D / 8) % kThreads == 0, "whole passes of the row-dot loop");
   static_assert(kKeyBytes <= 227 * 1024 && kQueryBytes <= 227 * 1024, "shared memory of one block on sm_90");
 };
+
+// A call's dropout with its Philox round keys, which the kernels read as parameters (from the
+// constant bank) instead of bumping the key in registers every round.
+struct KeyedDropout : DropoutStream {
+  PhiloxKeys keys;
+};
+
+KeyedDropout keyed_dropout(const BertAttentionDropout& d) {
+  return {dropout_stream(d.p, d.seed, d.offset), philox_keys(d.seed)};
+}
 
 // ---- CUDA kernels
 
@@ -164,15 +179,6 @@ struct Fragments {
 #endif
 };
 
-// Q's A fragments of the warp's 16 rows from `row` of a tile, all D columns.
-template <class T, int D>
-__device__ __forceinline__ void load_row_fragments(uint32_t (&a)[D / 16][4], const T* tile, int row, int lane) {
-  using F = Fragments<T, D>;
-  const uint32_t base = shared_address(tile) + F::a_lane(lane) + row * F::kRowBytes;
-#pragma unroll
-  for (int kc = 0; kc < D / 16; ++kc) F::load_a(a[kc], base + 32 * kc);
-}
-
 // s[n] = A X^T for rows 8n .. 8n + 7 of x (keys, or queries), n < N: A the warp's 16 rows from
 // `row` of tile a.
 template <class T, int D, int N = kKeyTiles>
@@ -192,26 +198,6 @@ __device__ __forceinline__ void tile_scores(float (&s)[N][4], const T* a, int ro
       F::load_b_rows(b, x_base + 8 * n * F::kRowBytes + 32 * kc);
       mma_16816<T>(s[n], frag, b[0], b[1]);
       mma_16816<T>(s[n + 1], frag, b[2], b[3]);
-    }
-  }
-}
-
-// As tile_scores, A from fragments already in registers.
-template <class T, int D>
-__device__ __forceinline__ void fragment_scores(float (&s)[kKeyTiles][4], const uint32_t (&a)[D / 16][4], const T* x,
-                                                int lane) {
-  using F = Fragments<T, D>;
-  const uint32_t x_base = shared_address(x) + F::b_rows_lane(lane);
-#pragma unroll
-  for (int n = 0; n < kKeyTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-  for (int kc = 0; kc < D / 16; ++kc) {
-#pragma unroll
-    for (int n = 0; n < kKeyTiles; n += 2) {
-      uint32_t b[4];
-      F::load_b_rows(b, x_base + 8 * n * F::kRowBytes + 32 * kc);
-      mma_16816<T>(s[n], a[kc], b[0], b[1]);
-      mma_16816<T>(s[n + 1], a[kc], b[2], b[3]);
     }
   }
 }
@@ -257,39 +243,51 @@ __device__ __forceinline__ void store_fragments(const float (&acc)[D / 8][4], T*
 }
 
 // Dropout flags of a thread's 16 x 64 block of (query row, key column) fragments. element0 and
-// element1: stream indices of key 0 of the tile in rows g and g + 8. Lane 4g + t draws the 4 keys
-// 8n + 4 (t / 2) .. + 3 of row g (t even) or g + 8 (t odd) for each n, as bits 4n .. 4n + 3; the
-// quad's lanes swap them. Returns in row0 / row1 the flags of rows g / g + 8: bit 4n + x is key
-// 8n + 2t + x (x = 0, 1).
-__device__ __forceinline__ void row_dropout_bits(const DropoutStream& dropout, uint64_t element0, uint64_t element1,
+// element1: stream indices of key 0 of the tile in rows g and g + 8. The quad's 16 (row, 8-key
+// tile) pairs are drawn once each, 8 flags a Philox call: lane 4g + t draws row g (t even) or g + 8
+// (t odd), tiles n = t / 2 + 2m as byte m. Row g's even tiles are then lane 4g's bytes and its odd
+// tiles lane 4g + 2's, row g + 8's lanes 4g + 1 and 4g + 3, and bits 2t, 2t + 1 of each byte are this
+// lane's keys. Returns in row0 / row1 the flags of rows g / g + 8: bit 4n + x is key 8n + 2t + x
+// (x = 0, 1).
+__device__ __forceinline__ void row_dropout_bits(const KeyedDropout& dropout, uint64_t element0, uint64_t element1,
                                                  int lane, uint32_t& row0, uint32_t& row1) {
   const int t = lane % 4;
-  const uint64_t first = (t & 1 ? element1 : element0) + 4 * (t >> 1);
+  const uint64_t first = (t & 1 ? element1 : element0) + 8 * (t >> 1);
   uint32_t drawn = 0;
-#pragma unroll 2
-  for (int n = 0; n < kKeyTiles; ++n)
-    drawn |= dropout_kept_bits4(dropout.seed, dropout.offset, first + 8 * n, dropout.threshold) << (4 * n);
+#pragma unroll
+  for (int m = 0; m < kKeyTiles / 2; ++m)
+    drawn |= dropout_kept_bits8(dropout.keys, dropout.offset, first + 16 * m, dropout.threshold) << (8 * m);
   const int quad = lane & ~3;
-  row0 = __shfl_sync(0xffffffffu, drawn, quad | (t & 2)) >> (2 * (t & 1));
-  row1 = __shfl_sync(0xffffffffu, drawn, quad | (t & 2) | 1) >> (2 * (t & 1));
+  const uint32_t even0 = __shfl_sync(0xffffffffu, drawn, quad) >> (2 * t);
+  const uint32_t even1 = __shfl_sync(0xffffffffu, drawn, quad | 1) >> (2 * t);
+  const uint32_t odd0 = __shfl_sync(0xffffffffu, drawn, quad | 2) >> (2 * t);
+  const uint32_t odd1 = __shfl_sync(0xffffffffu, drawn, quad | 3) >> (2 * t);
+  row0 = (even0 & 0x03030303u) | (odd0 & 0x03030303u) << 4;
+  row1 = (even1 & 0x03030303u) | (odd1 & 0x03030303u) << 4;
 }
 
 // Dropout flags of a thread's 16 x 64 block of (key row, query column) fragments in the dK/dV
-// kernel. element: stream index of (query 2t + (g & 1) of the tile, key 4 (g / 2) of the warp's 16).
-// Lane 4g + t draws keys 4 (g / 2) .. + 3 of query 8n + 2t + (g & 1) for each n (bits 4n .. 4n + 3);
-// the lanes of the same t swap them. kept[e] bit 4n: the flag of fragment element e of tile n (keys
-// g, g, g + 8, g + 8; queries 8n + 2t, + 1, 8n + 2t, + 1).
-__device__ __forceinline__ void column_dropout_bits(const DropoutStream& dropout, uint64_t element, uint64_t seq,
+// kernel. element: stream index of (query 2t + (g & 1) of the tile, key 8 (g / 2 % 2) of the warp's
+// 16). The 8 lanes of one t hold the same 16 queries, 8j + 2t + x (x = 0, 1); they draw their 32
+// (query, 8-key half) pairs once each, 8 flags a Philox call: lane 4g + t draws x = g % 2, the half
+// g / 2 % 2 and j = 4 (g / 4) + k as byte k. So element e's flags (keys g, g, g + 8, g + 8; queries
+// 8j + 2t, + 1, 8j + 2t, + 1) are bit g of the bytes of lanes 4e + t (j < 4) and 4e + 16 + t (j >= 4).
+// kept[e] holds tile j's flag as bit kept_bit(j).
+__device__ __forceinline__ int kept_bit(int j) { return 8 * (j % 4) + 4 * (j / 4); }
+
+__device__ __forceinline__ void column_dropout_bits(const KeyedDropout& dropout, uint64_t element, uint64_t seq,
                                                     int lane, uint32_t (&kept)[4]) {
   const int g = lane / 4, t = lane % 4;
+  const uint64_t first = element + 32 * static_cast<uint64_t>(g / 4) * seq;
   uint32_t drawn = 0;
-#pragma unroll 2
-  for (int n = 0; n < kKeyTiles; ++n)
-    drawn |= dropout_kept_bits4(dropout.seed, dropout.offset, element + 8 * n * seq, dropout.threshold) << (4 * n);
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    drawn |= dropout_kept_bits8(dropout.keys, dropout.offset, first + 8 * k * seq, dropout.threshold) << (8 * k);
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    const int block = (e < 2 ? 0 : 2) + g / 4, column = e & 1;  // the drawing lane's g: 2 block + column
-    kept[e] = __shfl_sync(0xffffffffu, drawn, 4 * (2 * block + column) + t) >> (g % 4);
+    const uint32_t low = __shfl_sync(0xffffffffu, drawn, 4 * e + t) >> g;
+    const uint32_t high = __shfl_sync(0xffffffffu, drawn, 4 * e + 16 + t) >> g;
+    kept[e] = (low & 0x01010101u) | (high & 0x01010101u) << 4;
   }
 }
 
@@ -297,7 +295,7 @@ template <class T, int D>
 __global__ void __launch_bounds__(kThreads, Config<T, D>::kForwardBlocksPerSm)
     bert_attention_forward_kernel(const T* __restrict__ qkv, const int32_t* __restrict__ valid_lengths,
                                   T* __restrict__ out, float* __restrict__ lse, int heads, int seq, float scale,
-                                  DropoutStream dropout) {
+                                  KeyedDropout dropout) {
   using C = Config<T, D>;
   extern __shared__ __align__(128) unsigned char shared[];
   T* q_tile = reinterpret_cast<T*>(shared);
@@ -331,7 +329,6 @@ __global__ void __launch_bounds__(kThreads, Config<T, D>::kForwardBlocksPerSm)
   if (key_tiles > 0) {
     copy_rows_async<T, D>(q_tile, source + first_query * qkv_stride, qkv_stride, min(kTile, seq - first_query));
     fetch(0, 0);  // one group with Q
-    uint32_t q_frags[C::kQueryInRegisters ? C::kDimSteps : 1][4];
     for (int tile = 0; tile < key_tiles; ++tile) {
       const int stage = tile & 1;
       // The tile's dropout flags first, while few registers are live (and the copies are in flight).
@@ -351,38 +348,37 @@ __global__ void __launch_bounds__(kThreads, Config<T, D>::kForwardBlocksPerSm)
       const T* v_tile = k_tile + C::kTileElements;
 
       float s[kKeyTiles][4];
-      if constexpr (C::kQueryInRegisters) {
-        if (tile == 0) load_row_fragments<T, D>(q_frags, q_tile, row, lane);
-        fragment_scores<T, D>(s, q_frags, k_tile, lane);
-      } else {
-        tile_scores<T, D>(s, q_tile, row, k_tile, lane);
-      }
+      tile_scores<T, D>(s, q_tile, row, k_tile, lane);
 
-      // Online softmax in the log2 domain; keys past the valid length get -inf.
+      // Online softmax in the log2 domain: keys past the valid length (only in a partial tile) get
+      // -inf, the running max is taken on the raw scores and scaled (scale > 0), and P = exp2(S *
+      // scale - m) in one FMA an element.
       const int keys = valid - tile * kTile;  // >= 1: key 0 of the tile is valid
+      if (keys < kTile) {
+#pragma unroll
+        for (int n = 0; n < kKeyTiles; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (8 * n + 2 * t + (e & 1) >= keys) s[n][e] = -INFINITY;
+      }
       float high0 = -INFINITY, high1 = -INFINITY;
 #pragma unroll
       for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[n][e] *= qk_scale;
-          if (8 * n + 2 * t + (e & 1) >= keys) s[n][e] = -INFINITY;
-        }
         high0 = fmaxf(high0, fmaxf(s[n][0], s[n][1]));
         high1 = fmaxf(high1, fmaxf(s[n][2], s[n][3]));
       }
-      high0 = fmaxf(max0, lane_group_max<4>(high0));  // finite: every tile holds a valid key
-      high1 = fmaxf(max1, lane_group_max<4>(high1));
+      high0 = fmaxf(max0, lane_group_max<4>(high0) * qk_scale);  // finite: every tile holds a valid key
+      high1 = fmaxf(max1, lane_group_max<4>(high1) * qk_scale);
       const float alpha0 = exp2f(max0 - high0), alpha1 = exp2f(max1 - high1);  // 0 on the first tile
       max0 = high0;
       max1 = high1;
       float part0 = 0.f, part1 = 0.f;
 #pragma unroll
       for (int n = 0; n < kKeyTiles; ++n) {
-        s[n][0] = exp2f(s[n][0] - high0);
-        s[n][1] = exp2f(s[n][1] - high0);
-        s[n][2] = exp2f(s[n][2] - high1);
-        s[n][3] = exp2f(s[n][3] - high1);
+        s[n][0] = exp2f(fmaf(s[n][0], qk_scale, -high0));
+        s[n][1] = exp2f(fmaf(s[n][1], qk_scale, -high0));
+        s[n][2] = exp2f(fmaf(s[n][2], qk_scale, -high1));
+        s[n][3] = exp2f(fmaf(s[n][3], qk_scale, -high1));
         part0 += s[n][0] + s[n][1];  // the softmax normalises before dropout
         part1 += s[n][2] + s[n][3];
       }
@@ -395,13 +391,13 @@ __global__ void __launch_bounds__(kThreads, Config<T, D>::kForwardBlocksPerSm)
         o[n][2] *= alpha1;
         o[n][3] *= alpha1;
       }
-      if (dropout.dropping) {
+      if (dropout.dropping) {  // dropped elements become 0; 1 / (1 - p) is applied with 1 / l at the end
 #pragma unroll
         for (int n = 0; n < kKeyTiles; ++n) {
-          s[n][0] *= dropout.multiplier(kept0, 4 * n);
-          s[n][1] *= dropout.multiplier(kept0, 4 * n + 1);
-          s[n][2] *= dropout.multiplier(kept1, 4 * n);
-          s[n][3] *= dropout.multiplier(kept1, 4 * n + 1);
+          if (!(kept0 >> (4 * n) & 1u)) s[n][0] = 0.f;
+          if (!(kept0 >> (4 * n + 1) & 1u)) s[n][1] = 0.f;
+          if (!(kept1 >> (4 * n) & 1u)) s[n][2] = 0.f;
+          if (!(kept1 >> (4 * n + 1) & 1u)) s[n][3] = 0.f;
         }
       }
       fragments_times_tile<T, D>(o, s, v_tile, lane);  // O += (P * M) V
@@ -409,11 +405,13 @@ __global__ void __launch_bounds__(kThreads, Config<T, D>::kForwardBlocksPerSm)
     }
   }
 
-  // out = O / l; lse = m + log l (natural log). With no valid key (l = 0): out 0, lse 0.
+  // out = O / l (times 1 / (1 - p) with dropout); lse = m + log l (natural log). With no valid key
+  // (l = 0): out 0, lse 0.
   sum0 = lane_group_sum<4>(sum0);
   sum1 = lane_group_sum<4>(sum1);
+  const float keep = dropout.dropping ? dropout.scale : 1.f;
   store_fragments<T, D>(o, out + static_cast<size_t>(b) * seq * out_stride + h * D, out_stride, first_query + row, seq,
-                        sum0 > 0.f ? 1.f / sum0 : 0.f, sum1 > 0.f ? 1.f / sum1 : 0.f, lane);
+                        sum0 > 0.f ? keep / sum0 : 0.f, sum1 > 0.f ? keep / sum1 : 0.f, lane);
   if (t == 0) {
     float* lse_rows = lse + static_cast<size_t>(bh) * seq + first_query;
     if (first_query + r0 < seq) lse_rows[r0] = sum0 > 0.f ? (max0 + log2f(sum0)) * kLn2 : 0.f;
@@ -427,7 +425,7 @@ __global__ void __launch_bounds__(kThreads, Config<T, D>::kBackwardBlocksPerSm)
     bert_attention_query_kernel(const T* __restrict__ qkv, const int32_t* __restrict__ valid_lengths,
                                 const T* __restrict__ out, const float* __restrict__ lse, const T* __restrict__ dout,
                                 T* __restrict__ dqkv, float* __restrict__ row_dots, int heads, int seq, float scale,
-                                DropoutStream dropout) {
+                                KeyedDropout dropout) {
   using C = Config<T, D>;
   extern __shared__ __align__(128) unsigned char shared[];
   T* q_tile = reinterpret_cast<T*>(shared);
@@ -542,7 +540,7 @@ __global__ void __launch_bounds__(kThreads, Config<T, D>::kBackwardBlocksPerSm)
     bert_attention_key_kernel(const T* __restrict__ qkv, const int32_t* __restrict__ valid_lengths,
                               const float* __restrict__ lse, const T* __restrict__ dout,
                               const float* __restrict__ row_dots, T* __restrict__ dqkv, int heads, int seq, float scale,
-                              DropoutStream dropout) {
+                              KeyedDropout dropout) {
   using C = Config<T, D>;
   extern __shared__ __align__(128) unsigned char shared[];
   T* k_tile = reinterpret_cast<T*>(shared);
@@ -560,9 +558,10 @@ __global__ void __launch_bounds__(kThreads, Config<T, D>::kBackwardBlocksPerSm)
   const size_t qkv_stride = 3 * static_cast<size_t>(heads) * D, out_stride = static_cast<size_t>(heads) * D;
   const T* source = qkv + static_cast<size_t>(b) * seq * qkv_stride + h * D;
   const float qk_scale = scale * kLog2e;
-  // Stream index of (query 2t + (g & 1), key 4 (g / 2) of the warp's 16) in query tile 0; the lane's
-  // draws (column_dropout_bits).
-  const uint64_t element = (static_cast<uint64_t>(bh) * seq + 2 * t + (g & 1)) * seq + first_key + row + 4 * (g / 2);
+  // Stream index of (query 2t + (g & 1), key 8 (g / 2 % 2) of the warp's 16) in query tile 0; the
+  // lane's draws (column_dropout_bits).
+  const uint64_t element =
+      (static_cast<uint64_t>(bh) * seq + 2 * t + (g & 1)) * seq + first_key + row + 8 * (g / 2 % 2);
   const bool key0_inside = row + g < keys, key1_inside = row + g + 8 < keys;
 
   auto fetch = [&](int tile, int stage) {
@@ -627,7 +626,7 @@ __global__ void __launch_bounds__(kThreads, Config<T, D>::kBackwardBlocksPerSm)
             const int x = e & 1;
             const bool inside = e < 2 ? key0_inside : key1_inside;
             const float prob = inside ? exp2f(fmaf(p[n][e], qk_scale, -(x ? lse_pair.y : lse_pair.x) * kLog2e)) : 0.f;
-            const float m = (kept[e] >> (4 * j)) & 1u ? keep_scale : 0.f;
+            const float m = (kept[e] >> kept_bit(j)) & 1u ? keep_scale : 0.f;
             ds[n][e] = prob * (ds[n][e] * m - (x ? d_pair.y : d_pair.x));
             p[n][e] = prob * m;
           }
@@ -671,6 +670,12 @@ void check_aligned(const void* p, const char* name) {
   if (!aligned16(p)) throw std::invalid_argument(std::string("bert_attention: ") + name + " must be 16-byte aligned");
 }
 
+// The forward takes the running max of the raw scores and scales it, which needs scale > 0.
+void check_scale(float scale) {
+  if (!(scale > 0.f && std::isfinite(scale)))
+    throw std::invalid_argument("bert_attention: scale must be positive and finite, got " + std::to_string(scale));
+}
+
 }  // namespace
 
 void check_bert_attention(DType dtype, const BertAttentionShape& s, float p) {
@@ -697,10 +702,11 @@ void bert_attention_forward(DType dtype, const void* qkv, const int32_t* valid_l
                             const BertAttentionShape& s, float scale, const BertAttentionDropout& dropout,
                             cudaStream_t stream) {
   check_bert_attention(dtype, s, dropout.p);
+  check_scale(scale);
   check_aligned(qkv, "qkv");
   check_aligned(out, "out");
   if (s.batch == 0) return;
-  const DropoutStream stream_of_dropout = dropout_stream(dropout.p, dropout.seed, dropout.offset);
+  const KeyedDropout stream_of_dropout = keyed_dropout(dropout);
   const int blocks = s.batch * s.heads * ceil_div(s.seq, kTile);
   dispatch(dtype, s.head_dim, [&](auto type, auto d) {
     using T = typename decltype(type)::type;
@@ -722,12 +728,13 @@ void bert_attention_backward(DType dtype, const void* qkv, const int32_t* valid_
                              const BertAttentionShape& s, float scale, const BertAttentionDropout& dropout,
                              cudaStream_t stream) {
   check_bert_attention(dtype, s, dropout.p);
+  check_scale(scale);
   check_aligned(qkv, "qkv");
   check_aligned(out, "out");
   check_aligned(dout, "dout");
   check_aligned(dqkv, "dqkv");
   if (s.batch == 0) return;
-  const DropoutStream stream_of_dropout = dropout_stream(dropout.p, dropout.seed, dropout.offset);
+  const KeyedDropout stream_of_dropout = keyed_dropout(dropout);
   const int blocks = s.batch * s.heads * ceil_div(s.seq, kTile);
   float* row_dots = static_cast<float*>(workspace);
   dispatch(dtype, s.head_dim, [&](auto type, auto d) {

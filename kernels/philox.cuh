@@ -47,6 +47,44 @@ FUSEKIT_HOST_DEVICE PhiloxWords philox4x32_10(PhiloxWords counter, uint32_t key0
   return {{c0, c1, c2, c3}};
 }
 
+// The ten round keys of a key, computed once on the host. A kernel that draws many groups takes
+// them as a kernel parameter: each round then reads its key from the constant bank as an operand
+// of its XORs, instead of bumping the key in registers (two of a round's six instructions).
+struct PhiloxKeys {
+  uint32_t low[10];
+  uint32_t high[10];
+};
+
+FUSEKIT_HOST_DEVICE PhiloxKeys philox_keys(uint64_t key) {
+  PhiloxKeys keys{};
+  uint32_t key0 = static_cast<uint32_t>(key), key1 = static_cast<uint32_t>(key >> 32);
+  for (int round = 0; round < 10; ++round) {
+    keys.low[round] = key0;
+    keys.high[round] = key1;
+    key0 += 0x9E3779B9u;  // the Weyl constants of philox4x32_10
+    key1 += 0xBB67AE85u;
+  }
+  return keys;
+}
+
+// philox4x32_10 with the round keys of philox_keys(key): the same words.
+FUSEKIT_HOST_DEVICE PhiloxWords philox4x32_10(PhiloxWords counter, const PhiloxKeys& keys) {
+  constexpr uint32_t kMultiplier0 = 0xD2511F53u, kMultiplier1 = 0xCD9E8D57u;
+  uint32_t c0 = counter.w[0], c1 = counter.w[1], c2 = counter.w[2], c3 = counter.w[3];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int round = 0; round < 10; ++round) {
+    const uint32_t high0 = multiply_high32(kMultiplier0, c0), low0 = kMultiplier0 * c0;
+    const uint32_t high1 = multiply_high32(kMultiplier1, c2), low1 = kMultiplier1 * c2;
+    c0 = high1 ^ c1 ^ keys.low[round];
+    c1 = low1;
+    c2 = high0 ^ c3 ^ keys.high[round];
+    c3 = low0;
+  }
+  return {{c0, c1, c2, c3}};
+}
+
 // The four words of the dropout stream for elements 8 * group .. 8 * group + 7.
 FUSEKIT_HOST_DEVICE PhiloxWords dropout_words(uint64_t seed, uint64_t offset, uint64_t group) {
   const PhiloxWords counter{{static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32),
@@ -109,6 +147,35 @@ FUSEKIT_HOST_DEVICE uint32_t dropout_kept_bits4(uint64_t seed, uint64_t offset, 
   uint32_t bits = dropout_kept_bits<8>(seed, offset, first - shift, threshold);
   if (shift > 4) bits |= dropout_kept_bits<8>(seed, offset, first - shift + 8, threshold) << 8;
   return (bits >> shift) & 0xFu;
+}
+
+// As dropout_words, with the round keys of the seed.
+FUSEKIT_HOST_DEVICE PhiloxWords dropout_words(const PhiloxKeys& keys, uint64_t offset, uint64_t group) {
+  const PhiloxWords counter{{static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32),
+                             static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32)}};
+  return philox4x32_10(counter, keys);
+}
+
+// The kept flags of the eight elements of group `group` as bits 0 .. 7, with the round keys.
+FUSEKIT_HOST_DEVICE uint32_t dropout_group_kept_bits(const PhiloxKeys& keys, uint64_t offset, uint64_t group,
+                                                     uint32_t threshold) {
+  const PhiloxWords words = dropout_words(keys, offset, group);
+  uint32_t bits = 0;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int k = 0; k < 8; ++k) bits |= static_cast<uint32_t>(dropout_draw(words, k) >= threshold) << k;
+  return bits;
+}
+
+// The kept flags of elements first .. first + 7 as bits 0 .. 7, for any `first`: one Philox call,
+// or two where the eight straddle two groups.
+FUSEKIT_HOST_DEVICE uint32_t dropout_kept_bits8(const PhiloxKeys& keys, uint64_t offset, uint64_t first,
+                                                uint32_t threshold) {
+  const unsigned shift = static_cast<unsigned>(first & 7);
+  uint32_t bits = dropout_group_kept_bits(keys, offset, first >> 3, threshold) >> shift;
+  if (shift != 0) bits |= (dropout_group_kept_bits(keys, offset, (first >> 3) + 1, threshold) << (8 - shift)) & 0xFFu;
+  return bits;
 }
 
 // One call's dropout, as the row kernels carry it: the stream (seed, offset), its threshold, and the

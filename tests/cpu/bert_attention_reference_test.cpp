@@ -2,8 +2,8 @@
 // (uniform attention averages the valid values; the log-sum-exp), a sequence with no valid key,
 // every gradient against central finite differences of the forward (without dropout and with a
 // Philox mask) and with D taken from O (FlashAttention's identity, as the fused backward does), and
-// the 4-element kept flags the kernels draw (dropout_kept_bits4) at every alignment against the
-// element-by-element stream.
+// the 4- and 8-element kept flags (dropout_kept_bits4, and dropout_kept_bits8 with the round keys
+// the kernels draw with) at every alignment against the element-by-element stream.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -129,6 +129,36 @@ TEST(BertAttentionReference, KeptBitsOfFourElementsMatchTheStreamAtEveryAlignmen
   }
   const kernels::DropoutStream none = kernels::dropout_stream(0.f, 1, 2);
   EXPECT_EQ(none.kept_bits4(13), 0xFu);
+}
+
+TEST(BertAttentionReference, KeptBitsOfEightElementsWithRoundKeysMatchTheStreamAtEveryAlignment) {
+  const uint32_t threshold = kernels::dropout_threshold(0.5f);
+  for (uint64_t seed : {uint64_t{77}, uint64_t{0xFFFFFFFF00000001ull}}) {  // the round keys wrap in both halves
+    const kernels::PhiloxKeys keys = kernels::philox_keys(seed);
+    for (uint64_t first = 0; first < 64; ++first) {
+      for (uint64_t base : {uint64_t{0}, (uint64_t{1} << 32) - 4}) {
+        const uint32_t bits = kernels::dropout_kept_bits8(keys, 5, base + first, threshold);
+        for (int k = 0; k < 8; ++k) {
+          EXPECT_EQ((bits >> k) & 1u, kernels::dropout_kept(seed, 5, base + first + k, threshold) ? 1u : 0u)
+              << "seed " << seed << " first " << base + first << " k " << k;
+        }
+        EXPECT_EQ(bits >> 8, 0u);
+      }
+    }
+  }
+}
+
+TEST(BertAttentionReference, RoundKeysGiveThePhiloxWords) {
+  for (uint64_t seed : {uint64_t{0}, uint64_t{0x243F6A8885A308D3ull}, ~uint64_t{0}}) {
+    const kernels::PhiloxKeys keys = kernels::philox_keys(seed);
+    for (uint32_t c : {0u, 1u, 0xDEADBEEFu}) {
+      const kernels::PhiloxWords counter{{c, ~c, c * 3u, 7u}};
+      const kernels::PhiloxWords a = kernels::philox4x32_10(counter, keys);
+      const kernels::PhiloxWords b =
+          kernels::philox4x32_10(counter, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+      for (int w = 0; w < 4; ++w) EXPECT_EQ(a.w[w], b.w[w]) << "seed " << seed << " counter " << c << " word " << w;
+    }
+  }
 }
 
 }  // namespace

@@ -205,6 +205,19 @@ TEST(BertAttentionErrors, UnsupportedShapesDtypesAndProbabilitiesAreOneClearErro
   EXPECT_THROW(
       bert_attention_forward(DType::f16, aligned, nullptr, aligned, nullptr, good, 0.125f, {1.5f, 0, 0}, nullptr),
       std::invalid_argument);
+  // The scale must be positive and finite (the forward takes the running max of the raw scores).
+  for (float scale : {0.f, -0.125f, NAN, INFINITY}) {
+    std::string what = "no error";
+    try {
+      bert_attention_forward(DType::f16, aligned, nullptr, aligned, nullptr, good, scale, {}, nullptr);
+    } catch (const std::invalid_argument& e) {
+      what = e.what();
+    }
+    EXPECT_NE(what.find("scale must be positive and finite"), std::string::npos) << scale << ": " << what;
+    EXPECT_THROW(bert_attention_backward(DType::f16, aligned, nullptr, aligned, nullptr, aligned, aligned, nullptr,
+                                         good, scale, {}, nullptr),
+                 std::invalid_argument);
+  }
 }
 
 }  // namespace
