@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <limits>
+#include <vector>
 
 namespace fusekit::baselines {
 namespace {
@@ -38,7 +39,9 @@ at::Tensor eager(const at::Tensor& qkv, const at::Tensor& additive_mask, double 
 
 at::Tensor sdpa(const at::Tensor& qkv, const at::Tensor& key_mask, double scale, double dropout_p) {
   const int64_t batch = qkv.size(0), seq = qkv.size(1), heads = qkv.size(3), dim = qkv.size(4);
-  const at::Tensor parts = qkv.permute({2, 0, 3, 1, 4});
+  // unbind rather than three selects: autograd then stacks the three gradients in one copy instead
+  // of zero-filling a tensor the size of qkv for each of q, k and v and adding them.
+  const std::vector<at::Tensor> parts = qkv.permute({2, 0, 3, 1, 4}).unbind(0);
   const at::Tensor out =
       at::scaled_dot_product_attention(parts[0], parts[1], parts[2], key_mask, dropout_p, /*is_causal=*/false, scale);
   return out.permute({0, 2, 1, 3}).reshape({batch, seq, heads * dim});

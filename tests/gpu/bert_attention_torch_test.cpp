@@ -85,6 +85,31 @@ TEST_P(BertAttentionTorchTest, MatchesAutogradOfTheBaseline) {
   }
 }
 
+// The suite's baseline:sdpa (libtorch's scaled_dot_product_attention on views of the packed qkv,
+// a boolean key mask) computes the same attention as the eager baseline: its out and dqkv within
+// twice eager's own error of the float64 eager run.
+TEST(BertAttentionSdpaBaseline, MatchesTheFloat64EagerBaseline) {
+  FUSEKIT_REQUIRE_GPU();
+  for (const Param& p : {Param{kernels::DType::f16, 8, 12, 128, 64}, Param{kernels::DType::bf16, 3, 4, 77, 32}}) {
+    SCOPED_TRACE(kernels::dtype_name(p.dtype));
+    const double scale = 1.0 / std::sqrt(static_cast<double>(p.head_dim));
+    const auto options = at::TensorOptions().dtype(torch_type(p.dtype)).device(at::kCUDA);
+    const at::Tensor qkv = at::randn({p.batch, p.seq, 3, p.heads, p.head_dim}, options);
+    const at::Tensor dout = at::randn({p.batch, p.seq, p.heads * p.head_dim}, options);
+    at::Tensor lengths = at::randint(1, p.seq + 1, {p.batch}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA));
+    lengths.index_put_({0}, p.seq);
+    const auto ref = baselines::bert_attention_forward_backward(
+        qkv.to(at::kDouble), baselines::bert_additive_mask(lengths, p.seq, at::kDouble), scale, 0.0,
+        dout.to(at::kDouble));
+    const auto eager = baselines::bert_attention_forward_backward(
+        qkv, baselines::bert_additive_mask(lengths, p.seq, qkv.scalar_type()), scale, 0.0, dout);
+    const auto sdpa = baselines::bert_attention_sdpa_forward_backward(qkv, baselines::bert_key_mask(lengths, p.seq),
+                                                                      scale, 0.0, dout);
+    expect_within_twice_eager("sdpa out", sdpa.out, eager.out, ref.out, 1e-5);
+    expect_within_twice_eager("sdpa dqkv", sdpa.dqkv, eager.dqkv, ref.dqkv, 1e-5);
+  }
+}
+
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
   const Param& p = info.param;
   return std::string(kernels::dtype_name(p.dtype)) + "_" + std::to_string(p.batch) + "x" + std::to_string(p.heads) +
