@@ -19,9 +19,9 @@
 //   out, dout  [batch, seq, heads * head_dim], what the output projection reads (no transpose);
 //   valid_lengths int32 [batch] on the device;  lse float [batch, heads, seq];
 //   workspace  float [batch, heads, seq] (D, written by the backward's first kernel).
-// head_dim 32, 64 or 128; seq >= 1 (any length: tiles past the end are zero-padded); scale > 0 and
-// finite (usually 1 / sqrt(head_dim)). Pointers to
-// qkv, out, dout and dqkv must be 16-byte aligned.
+// head_dim 32, 64 or 128; seq >= 1 (any length: tiles past the end are zero-padded); scale a
+// positive normal finite float (usually 1 / sqrt(head_dim)). Pointers to qkv, out, dout and dqkv
+// must be 16-byte aligned.
 //
 // Design (FlashAttention-2 on mma.sync m16n8k16): the forward runs a block of 4 warps per
 // (sequence, head, 64 queries), each warp owning 16 query rows, that walks the valid keys 64 at a

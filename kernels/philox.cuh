@@ -67,7 +67,9 @@ FUSEKIT_HOST_DEVICE PhiloxKeys philox_keys(uint64_t key) {
   return keys;
 }
 
-// philox4x32_10 with the round keys of philox_keys(key): the same words.
+// philox4x32_10 with the round keys of philox_keys(key): the same words. The rounds are written
+// out again rather than shared through a helper: routing philox4x32_10's rounds through one changed
+// the register allocation of the embedding and bias + dropout kernels that call it.
 FUSEKIT_HOST_DEVICE PhiloxWords philox4x32_10(PhiloxWords counter, const PhiloxKeys& keys) {
   constexpr uint32_t kMultiplier0 = 0xD2511F53u, kMultiplier1 = 0xCD9E8D57u;
   uint32_t c0 = counter.w[0], c1 = counter.w[1], c2 = counter.w[2], c3 = counter.w[3];
@@ -140,15 +142,6 @@ FUSEKIT_HOST_DEVICE uint32_t dropout_kept_bits(uint64_t seed, uint64_t offset, u
   return bits;
 }
 
-// The kept flags of elements first .. first + 3 as bits 0 .. 3, for any `first`: the four elements
-// lie in one group of eight (one Philox call) or straddle two (two calls).
-FUSEKIT_HOST_DEVICE uint32_t dropout_kept_bits4(uint64_t seed, uint64_t offset, uint64_t first, uint32_t threshold) {
-  const unsigned shift = static_cast<unsigned>(first & 7);
-  uint32_t bits = dropout_kept_bits<8>(seed, offset, first - shift, threshold);
-  if (shift > 4) bits |= dropout_kept_bits<8>(seed, offset, first - shift + 8, threshold) << 8;
-  return (bits >> shift) & 0xFu;
-}
-
 // As dropout_words, with the round keys of the seed.
 FUSEKIT_HOST_DEVICE PhiloxWords dropout_words(const PhiloxKeys& keys, uint64_t offset, uint64_t group) {
   const PhiloxWords counter{{static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32),
@@ -191,10 +184,6 @@ struct DropoutStream {
   template <int N>
   FUSEKIT_HOST_DEVICE uint32_t kept_bits(uint64_t first) const {
     return dropping ? dropout_kept_bits<N>(seed, offset, first, threshold) : 0xFFFFFFFFu;
-  }
-  // Kept flags of the 4 elements from `first`, any `first` (bit k: element first + k).
-  FUSEKIT_HOST_DEVICE uint32_t kept_bits4(uint64_t first) const {
-    return dropping ? dropout_kept_bits4(seed, offset, first, threshold) : 0xFu;
   }
   FUSEKIT_HOST_DEVICE float multiplier(uint32_t bits, int k) const { return (bits >> k) & 1u ? scale : 0.f; }
 };

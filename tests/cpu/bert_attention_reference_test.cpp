@@ -2,8 +2,8 @@
 // (uniform attention averages the valid values; the log-sum-exp), a sequence with no valid key,
 // every gradient against central finite differences of the forward (without dropout and with a
 // Philox mask) and with D taken from O (FlashAttention's identity, as the fused backward does), and
-// the 4- and 8-element kept flags (dropout_kept_bits4, and dropout_kept_bits8 with the round keys
-// the kernels draw with) at every alignment against the element-by-element stream.
+// the 8-element kept flags the kernels draw (dropout_kept_bits8, with the round keys) at every
+// alignment against the element-by-element stream.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -115,28 +115,13 @@ TEST(BertAttentionReference, DropoutChangesTheOutputAndKeepsAboutOneMinusP) {
   for (double v : reference::bert_attention_dropout_multipliers(s, 0.f, 9, 3)) ASSERT_EQ(v, 1.0);
 }
 
-TEST(BertAttentionReference, KeptBitsOfFourElementsMatchTheStreamAtEveryAlignment) {
-  const uint32_t threshold = kernels::dropout_threshold(0.5f);
-  for (uint64_t first = 0; first < 64; ++first) {
-    for (uint64_t base : {uint64_t{0}, (uint64_t{1} << 32) - 2}) {  // also across the counter's 32-bit carry
-      const uint32_t bits = kernels::dropout_kept_bits4(77, 5, base + first, threshold);
-      for (int k = 0; k < 4; ++k) {
-        EXPECT_EQ((bits >> k) & 1u, kernels::dropout_kept(77, 5, base + first + k, threshold) ? 1u : 0u)
-            << "first " << base + first << " k " << k;
-      }
-      EXPECT_EQ(bits >> 4, 0u);
-    }
-  }
-  const kernels::DropoutStream none = kernels::dropout_stream(0.f, 1, 2);
-  EXPECT_EQ(none.kept_bits4(13), 0xFu);
-}
-
 TEST(BertAttentionReference, KeptBitsOfEightElementsWithRoundKeysMatchTheStreamAtEveryAlignment) {
   const uint32_t threshold = kernels::dropout_threshold(0.5f);
-  for (uint64_t seed : {uint64_t{77}, uint64_t{0xFFFFFFFF00000001ull}}) {  // the round keys wrap in both halves
+  for (uint64_t seed : {uint64_t{77}, uint64_t{0xFFFFFFFF00000001ull}}) {
     const kernels::PhiloxKeys keys = kernels::philox_keys(seed);
     for (uint64_t first = 0; first < 64; ++first) {
-      for (uint64_t base : {uint64_t{0}, (uint64_t{1} << 32) - 4}) {
+      // Also across the carry of the group counter's low word (group 2^32 - 1 to 2^32: element 2^35).
+      for (uint64_t base : {uint64_t{0}, (uint64_t{1} << 35) - 32}) {
         const uint32_t bits = kernels::dropout_kept_bits8(keys, 5, base + first, threshold);
         for (int k = 0; k < 8; ++k) {
           EXPECT_EQ((bits >> k) & 1u, kernels::dropout_kept(seed, 5, base + first + k, threshold) ? 1u : 0u)

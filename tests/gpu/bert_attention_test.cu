@@ -44,6 +44,7 @@ struct Case {
   int seq;
   int head_dim;
   float p;
+  double scale_factor = 1.0;  // scale = scale_factor / sqrt(head_dim)
 };
 
 // The rows of part `part` (0 q, 1 k, 2 v) of a packed [rows, 3, heads * head_dim] tensor.
@@ -76,8 +77,10 @@ TEST_P(BertAttentionTest, ForwardAndBackwardMatchFloat64Reference) {
   const reference::BertAttentionSizes sizes{c.batch, c.heads, c.seq, c.head_dim};
   const size_t rows = static_cast<size_t>(c.batch) * c.seq, per_row = static_cast<size_t>(c.heads) * c.head_dim;
   const size_t qkv_count = rows * 3 * per_row, out_count = rows * per_row;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
-  std::mt19937_64 rng(std::random_device{}());
+  const double scale = c.scale_factor / std::sqrt(static_cast<double>(c.head_dim));
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("inputs from seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
   std::normal_distribution<double> normal(0.0, 1.0);
   const BertAttentionDropout dropout{c.p, rng(), rng() % 1000};
 
@@ -160,18 +163,22 @@ TEST_P(BertAttentionTest, ForwardAndBackwardMatchFloat64Reference) {
 std::string case_name(const ::testing::TestParamInfo<std::tuple<DType, Case>>& info) {
   const auto [dtype, c] = info.param;
   return std::string(dtype_name(dtype)) + "_" + std::to_string(c.batch) + "x" + std::to_string(c.heads) + "x" +
-         std::to_string(c.seq) + "x" + std::to_string(c.head_dim) + (c.p > 0.f ? "_dropout" : "");
+         std::to_string(c.seq) + "x" + std::to_string(c.head_dim) + (c.p > 0.f ? "_dropout" : "") +
+         (c.p >= 0.5f ? "_high" : "") + (c.scale_factor != 1.0 ? "_peaked" : "");
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, BertAttentionTest,
-                         ::testing::Combine(::testing::Values(DType::f16, DType::bf16),
-                                            ::testing::Values(Case{2, 2, 1, 64, 0.f}, Case{2, 2, 1, 32, 0.1f},
-                                                              Case{3, 2, 77, 32, 0.f}, Case{3, 2, 77, 64, 0.1f},
-                                                              Case{3, 1, 77, 128, 0.1f}, Case{4, 3, 130, 64, 0.1f},
-                                                              Case{3, 2, 333, 64, 0.f}, Case{3, 1, 333, 128, 0.1f},
-                                                              Case{2, 1, 333, 32, 0.1f}, Case{2, 1, 512, 64, 0.1f},
-                                                              Case{2, 1, 512, 32, 0.f}, Case{2, 1, 512, 128, 0.f})),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, BertAttentionTest,
+    ::testing::Combine(::testing::Values(DType::f16, DType::bf16),
+                       ::testing::Values(Case{2, 2, 1, 64, 0.f}, Case{2, 2, 1, 32, 0.1f}, Case{3, 2, 77, 32, 0.f},
+                                         Case{3, 2, 77, 64, 0.1f}, Case{3, 1, 77, 128, 0.1f}, Case{4, 3, 130, 64, 0.1f},
+                                         Case{3, 2, 333, 64, 0.f}, Case{3, 1, 333, 128, 0.1f},
+                                         Case{2, 1, 333, 32, 0.1f}, Case{2, 1, 512, 64, 0.1f}, Case{2, 1, 512, 32, 0.f},
+                                         Case{2, 1, 512, 128, 0.f},
+                                         // Most elements dropped (1 / (1 - p) = 10), and
+                                         // scores 4x the usual scale (a peaked softmax).
+                                         Case{2, 2, 77, 64, 0.9f}, Case{3, 2, 130, 64, 0.1f, 4.0})),
+    case_name);
 
 TEST(BertAttentionErrors, UnsupportedShapesDtypesAndProbabilitiesAreOneClearError) {
   const BertAttentionShape good{8, 12, 128, 64};
@@ -205,15 +212,16 @@ TEST(BertAttentionErrors, UnsupportedShapesDtypesAndProbabilitiesAreOneClearErro
   EXPECT_THROW(
       bert_attention_forward(DType::f16, aligned, nullptr, aligned, nullptr, good, 0.125f, {1.5f, 0, 0}, nullptr),
       std::invalid_argument);
-  // The scale must be positive and finite (the forward takes the running max of the raw scores).
-  for (float scale : {0.f, -0.125f, NAN, INFINITY}) {
+  // The scale must be a positive, normal, finite float (the forward takes the running max of the raw
+  // scores and scales it).
+  for (float scale : {0.f, -0.125f, 1e-40f, NAN, INFINITY}) {
     std::string what = "no error";
     try {
       bert_attention_forward(DType::f16, aligned, nullptr, aligned, nullptr, good, scale, {}, nullptr);
     } catch (const std::invalid_argument& e) {
       what = e.what();
     }
-    EXPECT_NE(what.find("scale must be positive and finite"), std::string::npos) << scale << ": " << what;
+    EXPECT_NE(what.find("scale must be a positive normal finite float"), std::string::npos) << scale << ": " << what;
     EXPECT_THROW(bert_attention_backward(DType::f16, aligned, nullptr, aligned, nullptr, aligned, aligned, nullptr,
                                          good, scale, {}, nullptr),
                  std::invalid_argument);

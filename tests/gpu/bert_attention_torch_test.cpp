@@ -4,7 +4,8 @@
 // result in the same dtype (the FlashAttention rule), or DESIGN's fp32 bound where eager is exact
 // (one key). Valid lengths are random in [1, seq] with the first sequence fully valid: the
 // baseline's finite mask gives a sequence without valid keys uniform attention where the kernels
-// give 0 (kernels/bert_attention.h), so none is drawn here.
+// give 0 (kernels/bert_attention.h), so none is drawn here. The suite's SDPA baseline is held to
+// the same rule against the eager baseline's float64 run.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -28,26 +29,42 @@ struct Param {
   int head_dim;
 };
 
+// Fresh random inputs (valid lengths in [1, seq], the first sequence fully valid) and the eager
+// baseline's forward + backward on them, in float64 (the reference) and in the inputs' dtype.
+struct Case {
+  at::Tensor qkv, dout, lengths;
+  double scale;
+  baselines::BertAttentionGradients ref, eager;
+};
+
+Case eager_case(const Param& p) {
+  Case c;
+  c.scale = 1.0 / std::sqrt(static_cast<double>(p.head_dim));
+  const auto options = at::TensorOptions().dtype(torch_type(p.dtype)).device(at::kCUDA);
+  c.qkv = at::randn({p.batch, p.seq, 3, p.heads, p.head_dim}, options);
+  c.dout = at::randn({p.batch, p.seq, p.heads * p.head_dim}, options);
+  c.lengths = at::randint(1, p.seq + 1, {p.batch}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA));
+  c.lengths.index_put_({0}, p.seq);
+  c.ref = baselines::bert_attention_forward_backward(c.qkv.to(at::kDouble),
+                                                     baselines::bert_additive_mask(c.lengths, p.seq, at::kDouble),
+                                                     c.scale, 0.0, c.dout.to(at::kDouble));
+  c.eager = baselines::bert_attention_forward_backward(
+      c.qkv, baselines::bert_additive_mask(c.lengths, p.seq, c.qkv.scalar_type()), c.scale, 0.0, c.dout);
+  return c;
+}
+
 class BertAttentionTorchTest : public ::testing::TestWithParam<Param> {};
 
 TEST_P(BertAttentionTorchTest, MatchesAutogradOfTheBaseline) {
   FUSEKIT_REQUIRE_GPU();
   const Param p = GetParam();
   const kernels::BertAttentionShape shape{p.batch, p.heads, p.seq, p.head_dim};
-  const double scale = 1.0 / std::sqrt(static_cast<double>(p.head_dim));
   const auto options = at::TensorOptions().dtype(torch_type(p.dtype)).device(at::kCUDA);
   const auto float_options = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA);
-
-  const at::Tensor qkv = at::randn({p.batch, p.seq, 3, p.heads, p.head_dim}, options);
-  const at::Tensor dout = at::randn({p.batch, p.seq, p.heads * p.head_dim}, options);
-  at::Tensor lengths = at::randint(1, p.seq + 1, {p.batch}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA));
-  lengths.index_put_({0}, p.seq);
-
-  const auto ref = baselines::bert_attention_forward_backward(
-      qkv.to(at::kDouble), baselines::bert_additive_mask(lengths, p.seq, at::kDouble), scale, 0.0,
-      dout.to(at::kDouble));
-  const auto eager = baselines::bert_attention_forward_backward(
-      qkv, baselines::bert_additive_mask(lengths, p.seq, qkv.scalar_type()), scale, 0.0, dout);
+  const Case c = eager_case(p);
+  const at::Tensor &qkv = c.qkv, &dout = c.dout, &lengths = c.lengths;
+  const double scale = c.scale;
+  const auto &ref = c.ref, &eager = c.eager;
 
   at::Tensor out = at::full({p.batch, p.seq, p.heads * p.head_dim}, NAN, options);
   at::Tensor dqkv = at::full_like(qkv, NAN);
@@ -92,19 +109,10 @@ TEST(BertAttentionSdpaBaseline, MatchesTheFloat64EagerBaseline) {
   FUSEKIT_REQUIRE_GPU();
   for (const Param& p : {Param{kernels::DType::f16, 8, 12, 128, 64}, Param{kernels::DType::bf16, 3, 4, 77, 32}}) {
     SCOPED_TRACE(kernels::dtype_name(p.dtype));
-    const double scale = 1.0 / std::sqrt(static_cast<double>(p.head_dim));
-    const auto options = at::TensorOptions().dtype(torch_type(p.dtype)).device(at::kCUDA);
-    const at::Tensor qkv = at::randn({p.batch, p.seq, 3, p.heads, p.head_dim}, options);
-    const at::Tensor dout = at::randn({p.batch, p.seq, p.heads * p.head_dim}, options);
-    at::Tensor lengths = at::randint(1, p.seq + 1, {p.batch}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA));
-    lengths.index_put_({0}, p.seq);
-    const auto ref = baselines::bert_attention_forward_backward(
-        qkv.to(at::kDouble), baselines::bert_additive_mask(lengths, p.seq, at::kDouble), scale, 0.0,
-        dout.to(at::kDouble));
-    const auto eager = baselines::bert_attention_forward_backward(
-        qkv, baselines::bert_additive_mask(lengths, p.seq, qkv.scalar_type()), scale, 0.0, dout);
-    const auto sdpa = baselines::bert_attention_sdpa_forward_backward(qkv, baselines::bert_key_mask(lengths, p.seq),
-                                                                      scale, 0.0, dout);
+    const Case c = eager_case(p);
+    const auto sdpa = baselines::bert_attention_sdpa_forward_backward(c.qkv, baselines::bert_key_mask(c.lengths, p.seq),
+                                                                      c.scale, 0.0, c.dout);
+    const auto &ref = c.ref, &eager = c.eager;
     expect_within_twice_eager("sdpa out", sdpa.out, eager.out, ref.out, 1e-5);
     expect_within_twice_eager("sdpa dqkv", sdpa.dqkv, eager.dqkv, ref.dqkv, 1e-5);
   }
