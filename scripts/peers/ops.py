@@ -1,9 +1,10 @@
 """PyTorch peers of fusekit's operator suite: PyTorch eager and torch.compile on the same cases.
 
 Each case is timed like fusekit's runner: warm-up, then timed samples, each a batch of back-to-back
-repetitions between two CUDA events spanning at least --sample-us of device time, rotating through input sets larger than twice the L2, every sample kept, with no tracer in the
-process. `fusekit bench --suite ops --peers scripts/peers/ops.py` runs it twice into the same run
-of the store (FUSEKIT_TRACE_DB, FUSEKIT_TRACE_RUN): once untraced, writing its cases and samples as
+repetitions between two CUDA events spanning at least --sample-us of device time, rotating through
+input sets larger than twice the L2, every sample kept, with no tracer in the process.
+`fusekit bench --suite ops --peers scripts/peers/ops.py` runs it twice into the same run of the
+store (FUSEKIT_TRACE_DB, FUSEKIT_TRACE_RUN): once untraced, writing its cases and samples as
 variants peer:eager and peer:compile, and once under `fusekit trace` with --traced-only, which
 runs a few repetitions per case inside NVTX ranges "<case> [<variant>]" and writes no samples, so
 the peers' kernels sit in the same store as fusekit's.
