@@ -821,6 +821,21 @@ __global__ void __launch_bounds__(TPR* G, 1024 / (TPR * G))
 // warps an SM, and ncu finds DRAM 43% busy. Loading the next token's rows while one is computed
 // (two tokens' reads in flight a warp, at 12 warps an SM; tried and dropped) gained nothing at 768
 // columns (the backward 57.9 against 58.4 us) and lost 9 us at 1024.
+// Tried and dropped later (H100, fp16, A/B in one process; "row kernel" is its CUPTI time a call):
+// - The sort in this kernel, launched cooperatively, its steps parted by grid.sync() instead of the
+//   memset and the two kernels: at 8192 x 768 the row kernel took 48.6 us against 37.2 + 4.4
+//   (counts) + 3.6 (order), and forward + backward 70.8 against 69.6 us; 16384 x 1024 130.2
+//   against 132.6 us. Three grid-wide barriers cost about what the launches they replace do.
+// - One warp a block zeroing the unused rows while three take the tokens: the row kernel 43.1
+//   against 37.2 us (16384 x 1024: 83.5 against 73.7); a quarter fewer token warps cost more than
+//   the zeroing, which L2 mostly absorbs, saves.
+// - Asking L2 for the rows of the tokens 4 ahead (prefetch.global.L2, a lane a 128-byte line):
+//   40.5 against 37.3 us (16384 x 1024: 85.0 against 71.4).
+// - Without dropout (p = 0, no Philox) the row kernel takes the same time (36.9 against 36.8 us):
+//   its instructions are not what bounds it. ncu (p = 0.1): 127 registers, 25% theoretical and
+//   21.8% achieved occupancy, no eligible warp in 60% of cycles, long scoreboard the top stall,
+//   DRAM 43% and L2 65% busy. More warps a token-row (half a row a warp, fewer registers) is the
+//   change left to try.
 constexpr int kWarpTokensWarps = 4;  // a block's
 constexpr int kWarpTypeSums = 4;     // token types summed in shared memory (else float atomics)
 
