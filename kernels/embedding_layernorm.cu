@@ -12,8 +12,9 @@
 //      second token of a word zeroes its own float row, which will sum that word;
 //   2. every block scans the position counts in shared memory and writes the tokens' ids in
 //      position order;
-//   3. the row kernel (16-bit types at 768 and 1024 columns: a warp a token, on a run of the
-//      order; other rows: G row groups a block, each on every G-th token of the block's run):
+//   3. the row kernel (16-bit types at 768 and 1024 columns: a group of 3 or 4 warps a token, a
+//      16-byte vector a lane, on a run of the order; other rows: G row groups a block, each on
+//      every G-th token of the block's run):
 //      LayerNorm backward; de of a word used once (most words of a batch) is stored, rounded once,
 //      straight into dword; de of a word used more than once is added with float atomics into its
 //      float row; the de of a run of one position are summed in registers and added once per run;
@@ -801,65 +802,72 @@ __global__ void __launch_bounds__(TPR* G, 1024 / (TPR * G))
   }
 }
 
-// The sorted backward's row kernel for rows of NV x 32 16-byte vectors compiled in (BERT's 768 and
-// 1024 columns in 16-bit types): a warp a token, with no barrier between tokens. Each warp takes a
-// run of `per_warp` consecutive entries (the tokens of a position are mostly in one warp's run) and
-// lane l holds vectors l, l + 32, ... of the row. For each token: the LayerNorm backward, whose two
-// row sums are shuffles within the warp; de of a word used once goes straight to its row of dword
-// (rounded once, from float), de of a word used more than once is added with float atomics into the
-// float row that sums it, and the de of consecutive tokens of one position are summed in registers
-// and added to the position's float row once per run. Each warp keeps its own dgamma, dbeta (and,
-// where kWarpTypeSums allows, token-type) sums in shared memory, each column's floats touched only
-// by the lane that owns the column, so they need neither atomics nor barriers. At the end the block
-// adds its warps' sums into its dgamma/dbeta partial row and its type sums (atomics). Each warp also
-// zeroes the rows of dword, among its share of the vocabulary, that no token uses (after its tokens:
-// H100, fp16, 8192 x 768, the backward took 61.4 us so against 63.4 with the zeros written first).
-// The block sorted kernel above runs a block of 4 row groups, with two barriers a token for the
-// groups' row sums and a quarter of its threads idle at 768 columns (H100, fp16, 8192 x 768: 39.1 us
-// a call, achieved occupancy 42%, issue slots busy 45%, DRAM 38% of its peak under ncu).
-// This kernel is bound by latency: 128 registers and 49 KB of shared memory a block hold it to 16
-// warps an SM, and ncu finds DRAM 43% busy. Loading the next token's rows while one is computed
-// (two tokens' reads in flight a warp, at 12 warps an SM; tried and dropped) gained nothing at 768
-// columns (the backward 57.9 against 58.4 us) and lost 9 us at 1024.
-// Tried and dropped later (H100, fp16, A/B in one process; "row kernel" is its CUPTI time a call):
-// - The sort in this kernel, launched cooperatively, its steps parted by grid.sync() instead of the
+// The sorted backward's row kernel for rows of W x NV x 32 16-byte vectors compiled in (BERT's 768
+// and 1024 columns in 16-bit types: W = 3 and 4 warps, NV = 1 vector a lane). A group of W warps
+// takes a run of `per_group` consecutive entries (the tokens of a position are mostly in one run);
+// lane l of the group's warp u holds vectors (u NV + j) 32 + l. For each token: the LayerNorm
+// backward, whose two row sums are shuffles within each warp, then meet in shared memory at the
+// group's own named barrier (one a token: the slot alternates); de of a word used once goes
+// straight to its row of dword (rounded once, from float), de of a word used more than once is
+// added with float atomics into the float row that sums it, and the de of consecutive tokens of one
+// position are summed in registers and added to the position's float row once per run. Each group
+// keeps its own dgamma, dbeta (and, where kTypeSumsInShared allows, token-type) sums in shared
+// memory, each column's floats touched only by the lane that owns the column, so they need neither
+// atomics nor barriers. At the end the block adds its groups' sums into its dgamma/dbeta partial row
+// and its type sums (atomics). Each warp also zeroes the rows of dword, among its share of the
+// vocabulary, that no token uses (after its tokens: H100, fp16, 8192 x 768, the backward took 61.4
+// us so against 63.4 with the zeros written first).
+//
+// It is bound by memory latency, so what counts is the warps in flight. With a warp a token (the
+// whole row in a lane's registers, 3 or 4 vectors) it took 127 registers and ran 16 warps an SM
+// (ncu, fp16, 8192 x 768, p = 0.1: 21.8% achieved occupancy, no eligible warp in 60% of cycles, long
+// scoreboard the top stall, DRAM 43% and L2 65% busy; without dropout, no Philox, the same time).
+// A vector a lane takes 79 registers at 768 columns (2 blocks of 12 warps an SM) and 64 at 1024 (2
+// of 16). H100, fp16, A/B in one process, "row kernel" its CUPTI time a call, medians of the
+// forward + backward:
+//   8192 x 768   row kernel 36.6-37.5 -> 31.2-31.6 us, forward + backward 70.0-70.1 -> 64.1-64.4 us
+//   16384 x 768  54.3 -> 47.6 us, 103.3 -> 96.8 us
+//   8192 x 1024  43.9-44.5 -> 41.9-42.3 us, 84.6-85.5 -> 80.6-80.9 us
+//   16384 x 1024 72.9 -> 65.7 us, 132.7 -> 127.1 us
+// Three blocks an SM at 768 columns (56 registers, 24 bytes spilled) took 36.8 us, no better than a
+// warp a token. The block kernel above (row groups with block-wide barriers, a quarter of its
+// threads idle at 768 columns) took 39.1 us. Tried and dropped with a warp a token (A/B as above):
+// - loading the next token's rows while one is computed (two tokens' reads in flight a warp, at 12
+//   warps an SM): nothing gained at 768 columns (the backward 57.9 against 58.4 us), 9 us lost at
+//   1024;
+// - the sort in this kernel, launched cooperatively, its steps parted by grid.sync() instead of the
 //   memset and the two kernels: at 8192 x 768 the row kernel took 48.6 us against 37.2 + 4.4
 //   (counts) + 3.6 (order), and forward + backward 70.8 against 69.6 us; 16384 x 1024 130.2
-//   against 132.6 us. Three grid-wide barriers cost about what the launches they replace do.
-// - One warp a block zeroing the unused rows while three take the tokens: the row kernel 43.1
+//   against 132.6 us. Three grid-wide barriers cost about what the launches they replace do;
+// - one warp a block zeroing the unused rows while three take the tokens: the row kernel 43.1
 //   against 37.2 us (16384 x 1024: 83.5 against 73.7); a quarter fewer token warps cost more than
-//   the zeroing, which L2 mostly absorbs, saves.
-// - Asking L2 for the rows of the tokens 4 ahead (prefetch.global.L2, a lane a 128-byte line):
+//   the zeroing, which L2 mostly absorbs, saves;
+// - asking L2 for the rows of the tokens 4 ahead (prefetch.global.L2, a lane a 128-byte line):
 //   40.5 against 37.3 us (16384 x 1024: 85.0 against 71.4).
-// - Without dropout (p = 0, no Philox) the row kernel takes the same time (36.9 against 36.8 us):
-//   its instructions are not what bounds it. ncu (p = 0.1): 127 registers, 25% theoretical and
-//   21.8% achieved occupancy, no eligible warp in 60% of cycles, long scoreboard the top stall,
-//   DRAM 43% and L2 65% busy. More warps a token-row (half a row a warp, fewer registers) is the
-//   change left to try.
-constexpr int kWarpTokensWarps = 4;  // a block's
-constexpr int kWarpTypeSums = 4;     // token types summed in shared memory (else float atomics)
+constexpr int kTokenGroups = 4;       // a block's
+constexpr int kTypeSumsInShared = 4;  // token types summed in shared memory (else float atomics)
+constexpr int kSplitMinBlocks = 2;    // an SM: registers for 24 warps at 768 columns, 32 at 1024
 
-template <class T, int NV>
-constexpr int warp_tokens_min_blocks() {
-  // Shared memory of (2 + 2 types) x C floats a warp: 48 KB a block at 768 columns, 64 at 1024.
-  return NV <= 3 ? 4 : 3;
-}
-
-template <class T, int NV>
-__global__ void __launch_bounds__(kWarpTokensWarps* kWarpSize, (warp_tokens_min_blocks<T, NV>()))
-    embedding_layernorm_backward_warp_kernel(const BackwardArgs<T> a, const SortedTokens s, T* __restrict__ dword,
-                                             int per_warp) {
-  constexpr int VEC = 16 / sizeof(T), C = NV * kWarpSize * VEC, Q = VEC / 4;  // float4s a vector
+template <class T, int NV, int W>
+__global__ void __launch_bounds__(kTokenGroups* W* kWarpSize, kSplitMinBlocks)
+    embedding_layernorm_backward_split_kernel(const BackwardArgs<T> a, const SortedTokens s, T* __restrict__ dword,
+                                              int per_group) {
+  constexpr int VEC = 16 / sizeof(T), C = W * NV * kWarpSize * VEC, Q = VEC / 4;  // float4s a vector
   static_assert(sizeof(T) == 2, "16-bit types: 8 elements a 16-byte vector");
   using V = Vec<T, VEC>;
   extern __shared__ float4 warp_sums[];  // per warp: [kinds][NV][Q][32] float4s; kinds: dgamma, dbeta, types
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int group = warp / W, wg = warp % W;  // the token-row group, the warp's place in it
   const Lookup& lookup = a.lookup;
   const bool shared_types = a.type_sums_offset >= 0;
   const int kinds = 2 + (shared_types ? lookup.types : 0);
-  float4* mine = warp_sums + static_cast<size_t>(warp) * kinds * (C / 4);
+  // A group's sums: [kinds][W][NV][Q][32] float4s.
+  float4* mine = warp_sums + static_cast<size_t>(group) * kinds * (C / 4) + wg * NV * Q * kWarpSize;
   // Lane l's float4 q of vector j in sums of kind `kind`: consecutive lanes on consecutive float4s.
-  auto at = [&](int kind, int j, int q) { return mine + (kind * NV * Q + j * Q + q) * kWarpSize + lane; };
+  auto at = [&](int kind, int j, int q) { return mine + (kind * W * NV * Q + j * Q + q) * kWarpSize + lane; };
+  // Column of the lane's vector j.
+  auto col = [&](int j) { return ((wg * NV + j) * kWarpSize + lane) * VEC; };
+  __shared__ float2 row_sums[kTokenGroups][2][W];
   auto add_to = [&](int kind, const float(&v)[NV][VEC]) {
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
@@ -876,7 +884,9 @@ __global__ void __launch_bounds__(kWarpTokensWarps* kWarpSize, (warp_tokens_min_
     }
   };
   // Before the wait (nothing here depends on the kernels before): the warp's sums zeroed.
-  for (int i = lane; i < kinds * (C / 4); i += kWarpSize) mine[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int kind = 0; kind < kinds; ++kind)
+    for (int i = lane; i < NV * Q * kWarpSize; i += kWarpSize)
+      mine[kind * W * NV * Q * kWarpSize + i] = make_float4(0.f, 0.f, 0.f, 0.f);
   wait_for_prior_grid();  // the entries: launch_after_prior
 
   float position_sum[NV][VEC];
@@ -885,10 +895,11 @@ __global__ void __launch_bounds__(kWarpTokensWarps* kWarpSize, (warp_tokens_min_
     if (position < 0) return;
 #pragma unroll
     for (int j = 0; j < NV; ++j)
-      add_floats<VEC>(a.small_sums + static_cast<size_t>(position) * C + (j * kWarpSize + lane) * VEC, position_sum[j]);
+      add_floats<VEC>(a.small_sums + static_cast<size_t>(position) * C + col(j), position_sum[j]);
   };
-  const int run = blockIdx.x * kWarpTokensWarps + warp;
-  const int begin = min(run * per_warp, a.rows), end = min(begin + per_warp, a.rows);
+  const int run = blockIdx.x * kTokenGroups + group;
+  int parity = 0;
+  const int begin = min(run * per_group, a.rows), end = min(begin + per_group, a.rows);
   int4 next = begin < end ? s.entries[begin] : make_int4(0, -1, 0, 0);
   int next_row = begin < end ? s.entry_rows[begin] : -1;
   for (int i = begin; i < end; ++i) {
@@ -904,20 +915,20 @@ __global__ void __launch_bounds__(kWarpTokensWarps* kWarpSize, (warp_tokens_min_
     uint32_t kept[NV];
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
-      const int c = (j * kWarpSize + lane) * VEC;
+      const int c = col(j);
       w[j] = V::load(a.tables.word + static_cast<size_t>(e.y) * C + c);
       p[j] = V::load(a.tables.position + static_cast<size_t>(e.z) * C + c);
       ty[j] = V::load(a.tables.type + static_cast<size_t>(e.w) * C + c);
       dyv[j] = V::load_stream(a.dy + base + c);
     }
 #pragma unroll
-    for (int j = 0; j < NV; ++j) kept[j] = a.dropout.template kept_bits<VEC>(base + (j * kWarpSize + lane) * VEC);
+    for (int j = 0; j < NV; ++j) kept[j] = a.dropout.template kept_bits<VEC>(base + col(j));
     const float mu = a.mean[e.x], rs = a.rstd[e.x];
     float xhat[NV][VEC], g[NV][VEC], tmp[NV][VEC];
     float sum_g = 0.f, sum_gx = 0.f;
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
-      const V gv = V::load(a.gamma + (j * kWarpSize + lane) * VEC);  // from L1 after the first token
+      const V gv = V::load(a.gamma + col(j));  // from L1 after the first token
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         const float x = embedding_sum(to_float(w[j].v[k]), to_float(p[j].v[k]), to_float(ty[j].v[k]));
@@ -943,6 +954,19 @@ __global__ void __launch_bounds__(kWarpTokensWarps* kWarpSize, (warp_tokens_min_
       sum_g += __shfl_xor_sync(0xffffffffu, sum_g, offset);
       sum_gx += __shfl_xor_sync(0xffffffffu, sum_gx, offset);
     }
+    if constexpr (W > 1) {
+      // The group's warps' sums, in a slot that alternates by token: one barrier a token.
+      if (lane == 0) row_sums[group][parity][wg] = make_float2(sum_g, sum_gx);
+      asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "r"(W * kWarpSize) : "memory");
+      sum_g = sum_gx = 0.f;
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const float2 v = row_sums[group][parity][k];
+        sum_g += v.x;
+        sum_gx += v.y;
+      }
+      parity ^= 1;
+    }
     const float mean_g = sum_g / C, mean_gx = sum_gx / C;
     float de[NV][VEC];
 #pragma unroll
@@ -952,7 +976,7 @@ __global__ void __launch_bounds__(kWarpTokensWarps* kWarpSize, (warp_tokens_min_
     }
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
-      const int c = (j * kWarpSize + lane) * VEC;
+      const int c = col(j);
       if (word_row < 0) {
         V out;
 #pragma unroll
@@ -982,24 +1006,23 @@ __global__ void __launch_bounds__(kWarpTokensWarps* kWarpSize, (warp_tokens_min_
     } else {
 #pragma unroll
       for (int j = 0; j < NV; ++j)
-        add_floats<VEC>(a.small_sums + (static_cast<size_t>(lookup.positions) + e.w) * C + (j * kWarpSize + lane) * VEC,
-                        de[j]);
+        add_floats<VEC>(a.small_sums + (static_cast<size_t>(lookup.positions) + e.w) * C + col(j), de[j]);
     }
   }
   flush_position();
   __syncthreads();
-  // The block's warps' sums, column by column: column c of kind `kind` in warp w's sums.
+  // The block's groups' sums, column by column: column c of kind `kind` in group w's sums.
   const float* sums = reinterpret_cast<const float*>(warp_sums);
-  auto placed = [&](int w, int kind, int column) {
-    const int v = column / VEC, k = column % VEC;  // vector v = j * 32 + l
-    const int j = v / kWarpSize, l = v % kWarpSize;
-    return (((static_cast<size_t>(w) * kinds + kind) * NV * Q + j * Q + k / 4) * kWarpSize + l) * 4 + k % 4;
+  auto placed = [&](int w, int kind, int column) {   // w: the group
+    const int v = column / VEC, k = column % VEC;    // vector v = (wg * NV + j) * 32 + l
+    const int u = v / kWarpSize, l = v % kWarpSize;  // u = wg * NV + j
+    return (((static_cast<size_t>(w) * kinds + kind) * W * NV * Q + u * Q + k / 4) * kWarpSize + l) * 4 + k % 4;
   };
   float* block_partial = a.partial + static_cast<size_t>(blockIdx.x) * 2 * C;
   for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) {
     float sum = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarpTokensWarps; ++w) sum += sums[placed(w, i / C, i % C)];
+    for (int w = 0; w < kTokenGroups; ++w) sum += sums[placed(w, i / C, i % C)];
     block_partial[i] = sum;
   }
   if (shared_types) {
@@ -1007,15 +1030,17 @@ __global__ void __launch_bounds__(kWarpTokensWarps* kWarpSize, (warp_tokens_min_
     for (int i = threadIdx.x; i < lookup.types * C; i += blockDim.x) {
       float sum = 0.f;
 #pragma unroll
-      for (int w = 0; w < kWarpTokensWarps; ++w) sum += sums[placed(w, 2 + i / C, i % C)];
+      for (int w = 0; w < kTokenGroups; ++w) sum += sums[placed(w, 2 + i / C, i % C)];
       if (sum != 0.f) atomicAdd(to + i, sum);
     }
   }
   // The warp's share of the vocabulary: its rows that no token uses are zero. The warp looks at 32
-  // rows' counts at once, then writes the unused ones. (Writing a few of them with each token, while
-  // the token's loads fly, was slower: H100, fp16, 8192 x 768, the backward 61.6 against 59.3 us.)
-  const int words = ceil_div(lookup.vocab, static_cast<int>(gridDim.x) * kWarpTokensWarps);
-  const int first_word = min(run * words, lookup.vocab), last_word = min(first_word + words, lookup.vocab);
+  // rows' counts at once, then writes the unused ones, whole rows. (Writing a few of them with each
+  // token, while the token's loads fly, was slower with a warp a token: H100, fp16, 8192 x 768, the
+  // backward 61.6 against 59.3 us.)
+  const int words = ceil_div(lookup.vocab, static_cast<int>(gridDim.x) * kTokenGroups * W);
+  const int first_word = min((blockIdx.x * kTokenGroups * W + warp) * words, lookup.vocab),
+            last_word = min(first_word + words, lookup.vocab);
   V zero;
 #pragma unroll
   for (int k = 0; k < VEC; ++k) zero.v[k] = from_float<T>(0.f);
@@ -1026,7 +1051,7 @@ __global__ void __launch_bounds__(kWarpTokensWarps* kWarpSize, (warp_tokens_min_
       const int r = __ffs(unused) - 1;
       unused &= unused - 1;
 #pragma unroll
-      for (int j = 0; j < NV; ++j)
+      for (int j = 0; j < W * NV; ++j)
         zero.store(dword + static_cast<size_t>(first + r) * C + (j * kWarpSize + lane) * VEC);
     }
   }
@@ -1255,33 +1280,33 @@ bool backward_sorted(const BackwardArgs<T>& a, float* base, const WorkspaceLayou
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
   int blocks = 0;
   if constexpr (sizeof(T) == 2) {
-    // Rows of 3 or 4 16-byte vectors a lane: a warp a token.
-    const int nv = vec == 8 && a.C % (kWarpSize * 8) == 0 ? a.C / (kWarpSize * 8) : 0;
-    auto launch_warps = [&](auto nv_c) {
-      constexpr int NV = decltype(nv_c)::value;
-      auto kernel = embedding_layernorm_backward_warp_kernel<T, NV>;
+    // Rows of 3 or 4 x 32 16-byte vectors: a group of 3 or 4 warps a token, a vector a lane.
+    const int warps_a_row = vec == 8 && a.C % (kWarpSize * 8) == 0 ? a.C / (kWarpSize * 8) : 0;
+    auto launch_split = [&](auto w_c) {
+      constexpr int NV = 1, W = decltype(w_c)::value;
+      auto kernel = embedding_layernorm_backward_split_kernel<T, NV, W>;
       BackwardArgs<T> args = a;
-      const bool shared_types = l.types <= kWarpTypeSums;
+      const bool shared_types = l.types <= kTypeSumsInShared;
       args.type_sums_offset = shared_types ? 0 : -1;
-      const size_t shared = sizeof(float) * kWarpTokensWarps * (2 + (shared_types ? l.types : 0)) * a.C;
-      if (shared > 48 * 1024) {
+      const size_t shared = sizeof(float) * kTokenGroups * (2 + (shared_types ? l.types : 0)) * a.C;
+      // Past 48 KB with the static row_sums, the limit is raised.
+      if (shared + sizeof(float2) * kTokenGroups * 2 * W > 48 * 1024) {
         FUSEKIT_CUDA_CHECK(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
       }
-      // One wave of warps, each on a run of consecutive entries; at most backward_block_limit blocks
-      // (the dgamma/dbeta partial rows).
+      // One wave of groups, each on a run of consecutive entries; at most backward_block_limit
+      // blocks (the dgamma/dbeta partial rows).
+      const int threads = kTokenGroups * W * kWarpSize;
       int resident = 0;
-      FUSEKIT_CUDA_CHECK(
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kWarpTokensWarps * kWarpSize, shared));
-      const int warps = kWarpTokensWarps *
-                        std::max(1, std::min(backward_block_limit(a.rows), std::max(resident, 1) * multiprocessors()));
-      const int per_warp = ceil_div(a.rows, warps);
-      blocks = ceil_div(ceil_div(a.rows, per_warp), kWarpTokensWarps);
-      launch_after_prior(kernel, dim3(blocks), dim3(kWarpTokensWarps * kWarpSize), shared, stream, args, s, dword,
-                         per_warp);
+      FUSEKIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, shared));
+      const int groups =
+          kTokenGroups * std::max(1, std::min(backward_block_limit(a.rows), std::max(resident, 1) * multiprocessors()));
+      const int per_group = ceil_div(a.rows, groups);
+      blocks = ceil_div(ceil_div(a.rows, per_group), kTokenGroups);
+      launch_after_prior(kernel, dim3(blocks), dim3(threads), shared, stream, args, s, dword, per_group);
     };
-    if (nv == 3) launch_warps(std::integral_constant<int, 3>{});
-    if (nv == 4) launch_warps(std::integral_constant<int, 4>{});
+    if (warps_a_row == 3) launch_split(std::integral_constant<int, 3>{});
+    if (warps_a_row == 4) launch_split(std::integral_constant<int, 4>{});
   }
   if (blocks == 0)
     dispatch_vector_width<T>(vec, [&](auto vec_c) {
