@@ -7,7 +7,7 @@
 //
 // The backward of rows of 33..256 16-byte vectors (BERT's 768 and 1024 columns) sorts the tokens by
 // position first, so that neither table gradient needs an atomic per token:
-//   1. one memset zeroes the counters and the position and type float sums; a warp a token counts
+//   1. one kernel zeroes the counters and the position and type float sums; a warp a token counts
 //      the tokens of each word and position id and ranks each token within its position; the
 //      second token of a word zeroes its own float row, which will sum that word;
 //   2. every block scans the position counts in shared memory and writes the tokens' ids in
@@ -537,10 +537,19 @@ struct SortedTokens {
   int* entry_rows;  // [tokens]: the word_sums row of the entry's word, or -1 for a word used once
 };
 
+// Zeroes n float4s: the sorted backward's counters and float sums. A kernel rather than a memset,
+// so that it, and the counting kernel after it, launch as programmatic dependents.
+__global__ void zero_float4s_kernel(float4* __restrict__ to, int n) {
+  wait_for_prior_grid();  // the kernel before may still read this workspace: launch_after_prior
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    to[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
 // A warp a token: counts the tokens of every word and position id, ranks each token within its
 // position, and the second token of a word zeroes its own row of word_sums (which will sum that
 // word's de) and lists the word.
 __global__ void count_tokens_kernel(Lookup lookup, int rows, SortedTokens s, float* __restrict__ word_sums, int C) {
+  wait_for_prior_grid();  // the zeroed counters: launch_after_prior
   const int lane = threadIdx.x % kWarpSize;
   const int warps = gridDim.x * blockDim.x / kWarpSize;
   for (int r = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize; r < rows; r += warps) {
@@ -1183,7 +1192,7 @@ int backward_block_limit(int rows) {
 }
 
 // The backward's workspace, in floats, each part a whole number of 16-byte units. The sorted
-// backward zeroes count .. small_sums with one memset, the unsorted one small_sums .. counter.
+// backward zeroes count .. small_sums with one kernel, the unsorted one small_sums .. counter with a memset.
 struct WorkspaceLayout {
   size_t partial, count, pcount, repeated, small_sums, word_sums, mark, counter, slot, second, rank, entries,
       entry_rows, total;
@@ -1266,15 +1275,19 @@ bool backward_sorted(const BackwardArgs<T>& a, float* base, const WorkspaceLayou
   const int vec = vector_width<T>(a.C, {a.dy, a.tables.word, a.tables.position, a.tables.type, a.gamma, dword});
   const Config config = vec > 1 ? block_row_config(a.C / vec) : Config{0, 0};
   if (a.rows == 0 || config.tpr == 0 || l.positions > kMaxSortedPositions) return false;
-  FUSEKIT_CUDA_CHECK(
-      cudaMemsetAsync(base + layout.count, 0, sizeof(float) * (layout.word_sums - layout.count), stream));
+  const int threads = 256;
+  const int zero_float4s = static_cast<int>((layout.word_sums - layout.count) / 4);  // whole float4s
+  // A kernel, not a memset, so that the counting kernel launches as its programmatic dependent (H100,
+  // fp16, A/B in one process: forward + backward 8192 x 768 62.2-62.5 -> 60.6-60.8 us, 16384 x 1024
+  // 125.1 -> 123.5 us).
+  launch_after_prior(zero_float4s_kernel, dim3(std::clamp(ceil_div(zero_float4s, threads), 1, 4 * multiprocessors())),
+                     dim3(threads), 0, stream, reinterpret_cast<float4*>(base + layout.count), zero_float4s);
   auto ints = [&](size_t at) { return reinterpret_cast<int*>(base + at); };
   const SortedTokens s{ints(layout.count),     ints(layout.pcount), ints(layout.repeated),
                        ints(layout.second),    ints(layout.rank),   reinterpret_cast<int4*>(base + layout.entries),
                        ints(layout.entry_rows)};
-  const int threads = 256;
-  count_tokens_kernel<<<std::min(ceil_div(a.rows, threads / kWarpSize), 16 * multiprocessors()), threads, 0, stream>>>(
-      l, a.rows, s, a.word_sums, a.C);
+  launch_after_prior(count_tokens_kernel, dim3(std::min(ceil_div(a.rows, threads / kWarpSize), 16 * multiprocessors())),
+                     dim3(threads), 0, stream, l, a.rows, s, a.word_sums, a.C);
   launch_after_prior(order_tokens_kernel, dim3(std::min(ceil_div(a.rows, threads), 4 * multiprocessors())),
                      dim3(threads), sizeof(int) * (l.positions + 1), stream, l, a.rows, s);
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
