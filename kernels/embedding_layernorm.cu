@@ -963,19 +963,17 @@ __global__ void __launch_bounds__(kTokenGroups* W* kWarpSize, kSplitMinBlocks)
       sum_g += __shfl_xor_sync(0xffffffffu, sum_g, offset);
       sum_gx += __shfl_xor_sync(0xffffffffu, sum_gx, offset);
     }
-    if constexpr (W > 1) {
-      // The group's warps' sums, in a slot that alternates by token: one barrier a token.
-      if (lane == 0) row_sums[group][parity][wg] = make_float2(sum_g, sum_gx);
-      asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "r"(W * kWarpSize) : "memory");
-      sum_g = sum_gx = 0.f;
+    // The group's warps' sums, in a slot that alternates by token: one barrier a token.
+    if (lane == 0) row_sums[group][parity][wg] = make_float2(sum_g, sum_gx);
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "r"(W * kWarpSize) : "memory");
+    sum_g = sum_gx = 0.f;
 #pragma unroll
-      for (int k = 0; k < W; ++k) {
-        const float2 v = row_sums[group][parity][k];
-        sum_g += v.x;
-        sum_gx += v.y;
-      }
-      parity ^= 1;
+    for (int k = 0; k < W; ++k) {
+      const float2 v = row_sums[group][parity][k];
+      sum_g += v.x;
+      sum_gx += v.y;
     }
+    parity ^= 1;
     const float mean_g = sum_g / C, mean_gx = sum_gx / C;
     float de[NV][VEC];
 #pragma unroll
