@@ -853,6 +853,14 @@ __global__ void __launch_bounds__(TPR* G, 1024 / (TPR * G))
 //   the zeroing, which L2 mostly absorbs, saves;
 // - asking L2 for the rows of the tokens 4 ahead (prefetch.global.L2, a lane a 128-byte line):
 //   40.5 against 37.3 us (16384 x 1024: 85.0 against 71.4).
+// Tried and dropped with the split (forward + backward, A/B in one process):
+// - copying the word rows, dy, mean and rstd of the next token (or two) into shared memory with
+//   cp.async while one computes: 8192 x 768 65.1 against 59.4 us, 16384 x 1024 130 against 122;
+// - the unused rows zeroed before the wait (the ordering kernel letting this one start early):
+//   63.2 against 61.0 us; or by a second kernel beside this one (this one letting it start after
+//   its wait, the zeroing kernel waiting for it only at its end): 74 to 80 against 61 us, this
+//   kernel slowed from 31 to 35-43 us by the zeros' traffic. Without the zeroing at all (timing
+//   only) the kernel takes 22 us: the zeros cost their bytes at about the copy bandwidth.
 constexpr int kTokenGroups = 4;       // a block's
 constexpr int kTypeSumsInShared = 4;  // token types summed in shared memory (else float atomics)
 constexpr int kSplitMinBlocks = 2;    // an SM: registers for 24 warps at 768 columns, 32 at 1024
@@ -1042,7 +1050,10 @@ __global__ void __launch_bounds__(kTokenGroups* W* kWarpSize, kSplitMinBlocks)
     }
   }
   // The warp's share of the vocabulary: its rows that no token uses are zero. The warp looks at 32
-  // rows' counts at once, then writes the unused ones, whole rows. (Writing a few of them with each
+  // rows' counts at once, then writes the unused ones, whole rows, with streaming stores: nothing
+  // reads them here, and in L2 they would evict the float sums that sorted_gradients_kernel reads
+  // next (H100, fp16, A/B in one process: forward + backward 8192 x 768 60.8-61.0 -> 59.4-59.5 us,
+  // that kernel 5.8 -> 4.9 us; 8192 x 1024 77.1-77.2 -> 75.9 us). (Writing a few of them with each
   // token, while the token's loads fly, was slower with a warp a token: H100, fp16, 8192 x 768, the
   // backward 61.6 against 59.3 us.)
   const int words = ceil_div(lookup.vocab, static_cast<int>(gridDim.x) * kTokenGroups * W);
@@ -1059,7 +1070,7 @@ __global__ void __launch_bounds__(kTokenGroups* W* kWarpSize, kSplitMinBlocks)
       unused &= unused - 1;
 #pragma unroll
       for (int j = 0; j < W * NV; ++j)
-        zero.store(dword + static_cast<size_t>(first + r) * C + (j * kWarpSize + lane) * VEC);
+        zero.store_stream(dword + static_cast<size_t>(first + r) * C + (j * kWarpSize + lane) * VEC);
     }
   }
 }
