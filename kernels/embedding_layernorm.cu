@@ -7,11 +7,16 @@
 //
 // The backward of rows of 33..256 16-byte vectors (BERT's 768 and 1024 columns) sorts the tokens by
 // position first, so that neither table gradient needs an atomic per token:
-//   1. one kernel zeroes the counters and the position and type float sums; a warp a token counts
-//      the tokens of each word and position id and ranks each token within its position; the
-//      second token of a word zeroes its own float row, which will sum that word;
+//   1. one kernel zeroes the counters; a thread a token counts the tokens of each word and position
+//      id, ranks each token within its position, and lists each word used more than once with its
+//      second token (whose float row will sum the word). In training the forward, given the
+//      backward's workspace, counts while its rows load (the zeroing kernel before it, the counts by
+//      a row group's first thread), and the backward starts at step 2 (H100, fp16, forward +
+//      backward, A/B in one process: 8192 x 768 57.7-58.0 -> 55.7-55.8 us, 8192 x 1024 74.1 ->
+//      72.4-72.5, 16384 x 768 89.2-89.3 -> 86.7-86.9, 16384 x 1024 118.2-118.5 -> 117.7-117.9);
 //   2. every block scans the position counts in shared memory and writes the tokens' ids in
-//      position order;
+//      position order; the grid's warps zero the float rows of the repeated words and the position
+//      and type float sums;
 //   3. the row kernel (16-bit types at 768 and 1024 columns: a group of 3 or 4 warps a token, a
 //      16-byte vector a lane, on a run of the order; other rows: G row groups a block, each on
 //      every G-th token of the block's run):
@@ -89,6 +94,53 @@ struct Tables {
   }
 };
 
+// What the sorted backward keeps besides BackwardArgs: per word id, how many tokens use it and, for a
+// word used more than once, the token whose float row of word_sums collects its de; the tokens in
+// position order, each with its ids and that row (or -1).
+struct SortedTokens {
+  int* count;       // [vocab]: tokens with this word id (all three ids in range); zeroed before
+  int* pcount;      // [positions + 1]: tokens per position id, the last for ids out of range; zeroed
+  int* repeated;    // [1]: how many words are used more than once; zeroed
+  int* second;      // [vocab]: the second token to use a word: its row of word_sums sums the word
+  int* rank;        // [tokens]: a token's place among the tokens of its position
+  int4* entries;    // [tokens]: (token, word, position, type) by position; word -1: out of range
+  int* entry_rows;  // [tokens]: the word_sums row of the entry's word, or -1 for a word used once
+  int2* pairs;      // [vocab]: the words used more than once, each with its second token (word_sums row)
+};
+
+// Counts token r (ids `ids`): its word and position ids, its rank within its position; the second
+// token of a word lists the word with itself. In two steps, so that a caller can have other loads
+// in flight while the counts come back: the two atomics (in flight at once: neither waits for the
+// other), then what needs their answers.
+struct TokenCount {
+  int rank;  // among the tokens of its position
+  int uses;  // tokens of its word counted before it; -1: ids out of range
+};
+__device__ __forceinline__ TokenCount count_token_atomics(const TokenIds& ids, const SortedTokens& s, int positions) {
+  return {atomicAdd(s.pcount + (ids.in_range ? ids.position : positions), 1),
+          ids.in_range ? atomicAdd(s.count + ids.word, 1) : -1};
+}
+__device__ __forceinline__ void count_token_finish(const TokenCount& n, const TokenIds& ids, int r,
+                                                   const SortedTokens& s) {
+  s.rank[r] = n.rank;
+  if (n.uses == 1) {
+    s.second[ids.word] = r;
+    s.pairs[atomicAdd(s.repeated, 1)] = make_int2(static_cast<int>(ids.word), r);
+  }
+}
+__device__ __forceinline__ void count_token(const TokenIds& ids, int r, const SortedTokens& s, int positions) {
+  count_token_finish(count_token_atomics(ids, s, positions), ids, r, s);
+}
+
+// Zeroes the C floats at `row` with `threads` threads, this one `t`.
+__device__ __forceinline__ void zero_floats(float* row, int C, int t, int threads) {
+  if (C % 4 == 0) {
+    for (int c = 4 * t; c < C; c += 4 * threads) *reinterpret_cast<float4*>(row + c) = make_float4(0.f, 0.f, 0.f, 0.f);
+  } else {
+    for (int c = t; c < C; c += threads) row[c] = 0.f;
+  }
+}
+
 template <class T>
 struct ForwardArgs {
   Lookup lookup;
@@ -102,6 +154,8 @@ struct ForwardArgs {
   int C;
   float eps;
   DropoutStream dropout;
+  SortedTokens sort;  // count_ids: where the ids are counted for the backward (count_token)
+  bool count_ids;
 };
 
 template <class T>
@@ -146,9 +200,12 @@ __device__ __forceinline__ void add_floats(float* to, const float* values) {
 // COLUMNS > 0: the row length compiled in (BERT's 768 and 1024 with a warp a row): the row's loads
 // are all issued first, with no branch around them, and its dropout flags drawn while they fly.
 // With a run-time length the same order took 96 registers against 60 (and was slower).
-template <class T, int VEC, int NV, int TPR, int COLUMNS = 0>
+// kCount: a.count_ids (a separate build, so that the forward alone keeps its registers: 80 against 88
+// at 1024 columns).
+template <class T, int VEC, int NV, int TPR, int COLUMNS = 0, bool kCount = false>
 __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     embedding_layernorm_forward_kernel(const ForwardArgs<T> a) {
+  if constexpr (kCount) wait_for_prior_grid();  // the zeroed counters (launch_after_prior)
   __shared__ float scratch[kWarpSize];
   using V = Vec<T, VEC>;
   const RowGroups<TPR> rg;
@@ -171,6 +228,11 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     const bool valid = row < a.rows;
     const TokenIds ids = valid ? a.lookup.at(row) : TokenIds{0, 0, 0, false};
     const bool gather = valid && ids.in_range;
+    // Training: the ids counted for the backward. With three vectors a lane the atomics go ahead of
+    // the table loads; elsewhere after them (at 1024 columns ahead took 104 registers against 80).
+    constexpr bool kCountFirst = kCount && kThreeVectors;
+    TokenCount counted{};
+    if (kCountFirst && t == 0 && valid) counted = count_token_atomics(ids, a.sort, a.lookup.positions);
     const size_t base = static_cast<size_t>(row) * C;
     const DropoutStream& dropout = a.dropout;
     uint32_t kept[NV];
@@ -242,6 +304,9 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
         kept[j] = c < C ? dropout.template kept_bits<VEC>(base + c) : 0u;
       }
     }
+    // Training: the ids counted for the backward while the rows load.
+    if (kCount && !kCountFirst && t == 0 && valid) counted = count_token_atomics(ids, a.sort, a.lookup.positions);
+    if (kCount && t == 0 && valid) count_token_finish(counted, ids, row, a.sort);
     float mu, rs;
     if constexpr (kDrawnWords) {
       // One pass: the mean from the plain sum (the two-pass mean, bit for bit), the variance from
@@ -319,11 +384,13 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
 // Any row length: a block per row; e is gathered again in each pass.
 template <class T>
 __global__ void embedding_layernorm_forward_looping_kernel(const ForwardArgs<T> a) {
+  wait_for_prior_grid();  // count_ids: the zeroed counters (launch_after_prior)
   __shared__ float scratch[kWarpSize];
   const int C = a.C;
   for (int row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const size_t base = static_cast<size_t>(row) * C;
     const TokenIds ids = a.lookup.at(row);
+    if (a.count_ids && threadIdx.x == 0) count_token(ids, row, a.sort, a.lookup.positions);  // training
     if (!ids.in_range) {  // the whole block takes this branch
       for (int c = threadIdx.x; c < C; c += blockDim.x) a.y[base + c] = from_float<T>(NAN);
       if (threadIdx.x == 0) a.mean[row] = a.rstd[row] = NAN;
@@ -524,19 +591,6 @@ __global__ void embedding_layernorm_backward_looping_kernel(const BackwardArgs<T
 
 // ---- The sorted backward (a block per row, position tables of up to kMaxSortedPositions rows)
 
-// What the sorted backward keeps besides BackwardArgs: per word id, how many tokens use it and, for a
-// word used more than once, the token whose float row of word_sums collects its de; the tokens in
-// position order, each with its ids and that row (or -1).
-struct SortedTokens {
-  int* count;       // [vocab]: tokens with this word id (all three ids in range); zeroed before
-  int* pcount;      // [positions + 1]: tokens per position id, the last for ids out of range; zeroed
-  int* repeated;    // [1 + vocab]: how many words are used more than once, then those words; zeroed
-  int* second;      // [vocab]: the second token to use a word: its row of word_sums sums the word
-  int* rank;        // [tokens]: a token's place among the tokens of its position
-  int4* entries;    // [tokens]: (token, word, position, type) by position; word -1: out of range
-  int* entry_rows;  // [tokens]: the word_sums row of the entry's word, or -1 for a word used once
-};
-
 // Zeroes n float4s: the sorted backward's counters and float sums. A kernel rather than a memset,
 // so that it, and the counting kernel after it, launch as programmatic dependents.
 __global__ void zero_float4s_kernel(float4* __restrict__ to, int n) {
@@ -545,45 +599,16 @@ __global__ void zero_float4s_kernel(float4* __restrict__ to, int n) {
     to[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
-// A warp a token: counts the tokens of every word and position id, ranks each token within its
-// position, and the second token of a word zeroes its own row of word_sums (which will sum that
-// word's de) and lists the word.
-__global__ void count_tokens_kernel(Lookup lookup, int rows, SortedTokens s, float* __restrict__ word_sums, int C) {
+// A thread a token: count_token.
+__global__ void count_tokens_kernel(Lookup lookup, int rows, SortedTokens s) {
   wait_for_prior_grid();  // the zeroed counters: launch_after_prior
-  const int lane = threadIdx.x % kWarpSize;
-  const int warps = gridDim.x * blockDim.x / kWarpSize;
-  for (int r = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize; r < rows; r += warps) {
-    int uses = -1;  // tokens of this word before this one
-    if (lane == 0) {
-      const TokenIds ids = lookup.at(r);
-      // Both counts' atomics in flight at once: neither waits for the other's answer.
-      const int rank = atomicAdd(s.pcount + (ids.in_range ? ids.position : lookup.positions), 1);
-      if (ids.in_range) uses = atomicAdd(s.count + ids.word, 1);
-      s.rank[r] = rank;
-      if (uses == 1) {
-        s.second[ids.word] = r;
-        s.repeated[1 + atomicAdd(s.repeated, 1)] = static_cast<int>(ids.word);
-      }
-    }
-    if (__shfl_sync(0xffffffffu, uses, 0) == 1) {
-      float* row = word_sums + static_cast<size_t>(r) * C;
-      if (C % 4 == 0) {
-        for (int c = 4 * lane; c < C; c += 4 * kWarpSize)
-          *reinterpret_cast<float4*>(row + c) = make_float4(0.f, 0.f, 0.f, 0.f);
-      } else {
-        for (int c = lane; c < C; c += kWarpSize) row[c] = 0.f;
-      }
-    }
-  }
+  for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x)
+    count_token(lookup.at(r), r, s, lookup.positions);
 }
 
-// entries[first entry of position p + rank] = the token's ids, with the first entries from an
-// exclusive scan of pcount that every block does for itself in shared memory (positions + 1 ints).
-__global__ void order_tokens_kernel(Lookup lookup, int rows, SortedTokens s) {
-  // The first token's ids before the wait: they are inputs, not the counts' results.
-  const int first_row = blockIdx.x * blockDim.x + threadIdx.x;
-  const TokenIds first_ids = lookup.at(min(first_row, rows - 1));
-  wait_for_prior_grid();  // the counts: launch_after_prior
+// The scan and the scatter of order_tokens_kernel, by a block with tokens.
+__device__ __forceinline__ void order_tokens(const Lookup& lookup, int rows, const SortedTokens& s, int first_row,
+                                             const TokenIds& first_ids) {
   extern __shared__ int first_entry[];
   __shared__ int warp_totals[kWarpSize];
   const int n = lookup.positions + 1, per_thread = ceil_div(n, static_cast<int>(blockDim.x));
@@ -615,6 +640,32 @@ __global__ void order_tokens_kernel(Lookup lookup, int rows, SortedTokens s) {
                                  : make_int4(r, -1, 0, 0);
     s.entry_rows[at] = ids.in_range && s.count[ids.word] > 1 ? s.second[ids.word] : -1;
   }
+}
+
+// entries[first entry of position p + rank] = the token's ids, with the first entries from an
+// exclusive scan of pcount that every block with tokens does for itself in shared memory (positions
+// + 1 ints). Then every warp of the grid zeroes its share of the word_sums rows that will sum the
+// repeated words (a row per repeated word: its second token's), spread over the whole grid (tied to
+// the warps of their tokens, the few blocks of this kernel took 6.5 against 3.6 us at 8192 x 768).
+__global__ void order_tokens_kernel(Lookup lookup, int rows, SortedTokens s, float* __restrict__ word_sums, int C,
+                                    float4* __restrict__ small_sums, int small_float4s) {
+  // The first token's ids before the wait: they are inputs, not the counts' results.
+  const int first_row = blockIdx.x * blockDim.x + threadIdx.x;
+  const TokenIds first_ids = lookup.at(min(first_row, rows - 1));
+  wait_for_prior_grid();  // the counts: launch_after_prior
+  // The warp's first repeated word loads with the count of them, before the scan (at most vocab).
+  const int lane = threadIdx.x % kWarpSize, warps = gridDim.x * blockDim.x / kWarpSize;
+  const int first_k = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize;
+  const int2 first_pair = first_k < lookup.vocab ? s.pairs[first_k] : make_int2(0, 0);
+  const int repeated = *s.repeated;
+  if (static_cast<int>(blockIdx.x * blockDim.x) < rows) order_tokens(lookup, rows, s, first_row, first_ids);
+  for (int k = first_k; k < repeated; k += warps) {
+    const int2 pair = k == first_k ? first_pair : s.pairs[k];
+    zero_floats(word_sums + static_cast<size_t>(pair.y) * C, C, lane, kWarpSize);
+  }
+  // And the position and type float sums (whole float4s: their rows are C floats each).
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < small_float4s; i += gridDim.x * blockDim.x)
+    small_sums[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
 // G row groups of TPR threads, one vector a thread, over a run of `per_block` consecutive entries
@@ -1087,9 +1138,9 @@ __device__ __forceinline__ void sorted_table_rows(const SortedTokens& s, const f
     const float* from;
     T* to;
     if (row < repeated) {
-      const int word = s.repeated[1 + row];
-      from = word_sums + static_cast<size_t>(s.second[word]) * C;
-      to = dword + static_cast<size_t>(word) * C;
+      const int2 pair = s.pairs[row];  // (word, the row of word_sums that sums it)
+      from = word_sums + static_cast<size_t>(pair.y) * C;
+      to = dword + static_cast<size_t>(pair.x) * C;
     } else {
       const int small = row - repeated;
       from = small_sums + static_cast<size_t>(small) * C;
@@ -1201,10 +1252,11 @@ int backward_block_limit(int rows) {
 }
 
 // The backward's workspace, in floats, each part a whole number of 16-byte units. The sorted
-// backward zeroes count .. small_sums with one kernel, the unsorted one small_sums .. counter with a memset.
+// backward zeroes count .. small_sums (the counters) with one kernel and small_sums in its ordering
+// kernel, the unsorted one small_sums .. counter with a memset.
 struct WorkspaceLayout {
   size_t partial, count, pcount, repeated, small_sums, word_sums, mark, counter, slot, second, rank, entries,
-      entry_rows, total;
+      entry_rows, pairs, total;
   explicit WorkspaceLayout(const EmbeddingLayerNormSizes& s) {
     auto round4 = [](size_t n) { return (n + 3) / 4 * 4; };
     const size_t C = s.hidden, tokens = static_cast<size_t>(s.tokens);
@@ -1212,7 +1264,7 @@ struct WorkspaceLayout {
     count = partial + round4(2 * C * backward_block_limit(std::max(s.tokens, 1)));
     pcount = count + round4(s.vocab);
     repeated = pcount + round4(static_cast<size_t>(s.max_positions) + 1);
-    small_sums = repeated + round4(static_cast<size_t>(s.vocab) + 1);
+    small_sums = repeated + 4;
     word_sums = small_sums + round4((static_cast<size_t>(s.max_positions) + s.token_types) * C);
     // A row per distinct word (unsorted: slots) or per token (sorted: a token's row sums its word).
     mark = word_sums + round4(tokens * C);
@@ -1222,12 +1274,20 @@ struct WorkspaceLayout {
     rank = second + round4(s.vocab);
     entries = rank + round4(tokens);
     entry_rows = entries + 4 * tokens;
-    total = entry_rows + round4(tokens);
+    pairs = entry_rows + round4(tokens);
+    total = pairs + 2 * static_cast<size_t>(s.vocab);
   }
 };
 
 template <class T>
 void forward_typed(const ForwardArgs<T>& a, cudaStream_t stream) {
+  // Counting, the forward follows the kernel that zeroed the counters as its programmatic dependent.
+  auto launch = [&](auto kernel, auto counting_kernel, int blocks, int threads) {
+    if (a.count_ids)
+      launch_after_prior(counting_kernel, dim3(blocks), dim3(threads), 0, stream, a);
+    else
+      kernel<<<blocks, threads, 0, stream>>>(a);
+  };
   const int vec = vector_width<T>(a.C, {a.tables.word, a.tables.position, a.tables.type, a.gamma, a.beta, a.y});
   const Config config = choose_row_config(a.C / vec, 1024, vec);
   dispatch_vector_width<T>(vec, [&](auto vec_c) {
@@ -1240,16 +1300,19 @@ void forward_typed(const ForwardArgs<T>& a, cudaStream_t stream) {
         const int blocks = std::min(ceil_div(a.rows, threads / TPR), 256 * multiprocessors());
         if constexpr (TPR == kWarpSize && VEC * sizeof(T) == 16 && (NV == 3 || NV == 4)) {
           if (a.C == NV * TPR * VEC) {
-            embedding_layernorm_forward_kernel<T, VEC, NV, TPR, NV * TPR * VEC><<<blocks, threads, 0, stream>>>(a);
+            launch(embedding_layernorm_forward_kernel<T, VEC, NV, TPR, NV * TPR * VEC>,
+                   embedding_layernorm_forward_kernel<T, VEC, NV, TPR, NV * TPR * VEC, true>, blocks, threads);
             return;
           }
         }
-        embedding_layernorm_forward_kernel<T, VEC, NV, TPR><<<blocks, threads, 0, stream>>>(a);
+        launch(embedding_layernorm_forward_kernel<T, VEC, NV, TPR>,
+               embedding_layernorm_forward_kernel<T, VEC, NV, TPR, 0, true>, blocks, threads);
       }
     });
     if (!done) {
       const int blocks = std::min(a.rows, 64 * multiprocessors());
-      embedding_layernorm_forward_looping_kernel<T><<<blocks, 1024, 0, stream>>>(a);
+      launch(embedding_layernorm_forward_looping_kernel<T>, embedding_layernorm_forward_looping_kernel<T>, blocks,
+             1024);
     }
   });
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
@@ -1266,6 +1329,25 @@ struct TableLaunch {
   }
 };
 
+// The sorted backward's counts and order in the workspace.
+SortedTokens sorted_tokens(float* base, const WorkspaceLayout& layout) {
+  auto ints = [&](size_t at) { return reinterpret_cast<int*>(base + at); };
+  return {ints(layout.count),      ints(layout.pcount),
+          ints(layout.repeated),   ints(layout.second),
+          ints(layout.rank),       reinterpret_cast<int4*>(base + layout.entries),
+          ints(layout.entry_rows), reinterpret_cast<int2*>(base + layout.pairs)};
+}
+
+// Zeroes the counters (count .. small_sums, contiguous; the float sums are zeroed by the ordering
+// kernel). A kernel, not a memset, so that the counting kernel (or the counting forward) launches as
+// its programmatic dependent (H100, fp16, A/B in one process: forward + backward 8192 x 768
+// 62.2-62.5 -> 60.6-60.8 us, 16384 x 1024 125.1 -> 123.5 us).
+void zero_counters(float* base, const WorkspaceLayout& layout, cudaStream_t stream) {
+  const int threads = 256, n = static_cast<int>((layout.small_sums - layout.count) / 4);  // whole float4s
+  launch_after_prior(zero_float4s_kernel, dim3(std::clamp(ceil_div(n, threads), 1, 4 * multiprocessors())),
+                     dim3(threads), 0, stream, reinterpret_cast<float4*>(base + layout.count), n);
+}
+
 // Position tables of up to this many rows take the sorted backward (every block of its ordering
 // kernel scans the position counts in shared memory).
 constexpr int kMaxSortedPositions = 8192;
@@ -1278,27 +1360,25 @@ constexpr int kSortedGroups = 4;
 // The sorted backward, where it applies (rows of 33..256 16-byte vectors, and some tokens): returns
 // false, having done nothing, where it does not.
 template <class T>
-bool backward_sorted(const BackwardArgs<T>& a, float* base, const WorkspaceLayout& layout, T* dword, T* dposition,
-                     T* dtype, T* dgamma, T* dbeta, cudaStream_t stream) {
+bool backward_sorted(const BackwardArgs<T>& a, float* base, const WorkspaceLayout& layout, bool counted, T* dword,
+                     T* dposition, T* dtype, T* dgamma, T* dbeta, cudaStream_t stream) {
   const Lookup& l = a.lookup;
   const int vec = vector_width<T>(a.C, {a.dy, a.tables.word, a.tables.position, a.tables.type, a.gamma, dword});
   const Config config = vec > 1 ? block_row_config(a.C / vec) : Config{0, 0};
   if (a.rows == 0 || config.tpr == 0 || l.positions > kMaxSortedPositions) return false;
   const int threads = 256;
-  const int zero_float4s = static_cast<int>((layout.word_sums - layout.count) / 4);  // whole float4s
-  // A kernel, not a memset, so that the counting kernel launches as its programmatic dependent (H100,
-  // fp16, A/B in one process: forward + backward 8192 x 768 62.2-62.5 -> 60.6-60.8 us, 16384 x 1024
-  // 125.1 -> 123.5 us).
-  launch_after_prior(zero_float4s_kernel, dim3(std::clamp(ceil_div(zero_float4s, threads), 1, 4 * multiprocessors())),
-                     dim3(threads), 0, stream, reinterpret_cast<float4*>(base + layout.count), zero_float4s);
-  auto ints = [&](size_t at) { return reinterpret_cast<int*>(base + at); };
-  const SortedTokens s{ints(layout.count),     ints(layout.pcount), ints(layout.repeated),
-                       ints(layout.second),    ints(layout.rank),   reinterpret_cast<int4*>(base + layout.entries),
-                       ints(layout.entry_rows)};
-  launch_after_prior(count_tokens_kernel, dim3(std::min(ceil_div(a.rows, threads / kWarpSize), 16 * multiprocessors())),
-                     dim3(threads), 0, stream, l, a.rows, s, a.word_sums, a.C);
-  launch_after_prior(order_tokens_kernel, dim3(std::min(ceil_div(a.rows, threads), 4 * multiprocessors())),
-                     dim3(threads), sizeof(int) * (l.positions + 1), stream, l, a.rows, s);
+  const SortedTokens s = sorted_tokens(base, layout);
+  if (!counted) {
+    zero_counters(base, layout, stream);
+    launch_after_prior(count_tokens_kernel, dim3(std::min(ceil_div(a.rows, 128), 16 * multiprocessors())), dim3(128), 0,
+                       stream, l, a.rows, s);
+  }
+  // At least a block an SM, for the zeroing.
+  launch_after_prior(order_tokens_kernel,
+                     dim3(std::max(std::min(ceil_div(a.rows, threads), 4 * multiprocessors()), multiprocessors())),
+                     dim3(threads), sizeof(int) * (l.positions + 1), stream, l, a.rows, s, a.word_sums, a.C,
+                     reinterpret_cast<float4*>(a.small_sums),
+                     static_cast<int>((layout.word_sums - layout.small_sums) / 4));
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
   int blocks = 0;
   if constexpr (sizeof(T) == 2) {
@@ -1482,6 +1562,14 @@ void embedding_layernorm_forward(DType dtype, const EmbeddingLayerNormForwardTen
   if (sizes.tokens == 0) return;
   const Lookup lookup{tensors.word_ids, tensors.position_ids, tensors.token_type_ids,
                       sizes.vocab,      sizes.max_positions,  sizes.token_types};
+  const bool count_ids = tensors.backward_workspace != nullptr;
+  SortedTokens sort{};
+  if (count_ids) {
+    const WorkspaceLayout layout(sizes);
+    float* base = static_cast<float*>(tensors.backward_workspace);
+    sort = sorted_tokens(base, layout);
+    zero_counters(base, layout, stream);
+  }
   FUSEKIT_DTYPE_SWITCH(dtype, {
     const ForwardArgs<T> args{lookup,
                               {static_cast<const T*>(tensors.word), static_cast<const T*>(tensors.position),
@@ -1494,7 +1582,9 @@ void embedding_layernorm_forward(DType dtype, const EmbeddingLayerNormForwardTen
                               sizes.tokens,
                               sizes.hidden,
                               eps,
-                              dropout_stream(dropout.p, dropout.seed, dropout.offset)};
+                              dropout_stream(dropout.p, dropout.seed, dropout.offset),
+                              sort,
+                              count_ids};
     forward_typed<T>(args, stream);
   })
 }
@@ -1540,7 +1630,8 @@ void embedding_layernorm_backward(DType dtype, const EmbeddingLayerNormBackwardT
     T* const dtoken_type = static_cast<T*>(tensors.dtoken_type);
     T* const dgamma = static_cast<T*>(tensors.dgamma);
     T* const dbeta = static_cast<T*>(tensors.dbeta);
-    if (!backward_sorted<T>(args, base, layout, dword, dposition, dtoken_type, dgamma, dbeta, stream)) {
+    if (!backward_sorted<T>(args, base, layout, tensors.ids_counted, dword, dposition, dtoken_type, dgamma, dbeta,
+                            stream)) {
       // The accumulators and the marks are contiguous: one memset clears them.
       FUSEKIT_CUDA_CHECK(
           cudaMemsetAsync(base + layout.small_sums, 0, sizeof(float) * (layout.slot - layout.small_sums), stream));

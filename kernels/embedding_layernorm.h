@@ -58,6 +58,13 @@ struct EmbeddingLayerNormForwardTensors {
   void* y = nullptr;                        // [tokens, H]
   float* mean = nullptr;                    // [tokens]
   float* rstd = nullptr;                    // [tokens]
+  // Training: the workspace that embedding_layernorm_backward will be given (its bytes from
+  // embedding_layernorm_backward_workspace_bytes for these sizes), or null. Given it, the forward
+  // also counts the ids for the backward's sort (the count of each word and position id, each
+  // token's rank within its position), so that the backward, called with ids_counted on the same
+  // workspace and ids, does not count them again (two kernels fewer after the forward's). Between
+  // the two, nothing else may use the workspace.
+  void* backward_workspace = nullptr;
 };
 
 struct EmbeddingLayerNormBackwardTensors {
@@ -76,6 +83,9 @@ struct EmbeddingLayerNormBackwardTensors {
   void* dtoken_type = nullptr;  // [token_types, H], every row written
   void* dgamma = nullptr;       // [H]
   void* dbeta = nullptr;        // [H]
+  // The forward was given this backward's workspace (backward_workspace) with the same ids and
+  // sizes, and it is untouched since: its counts are used. Otherwise the backward counts the ids.
+  bool ids_counted = false;
 };
 
 // Throws std::invalid_argument for p outside [0, 1), a size out of range or a missing tensor.
@@ -86,7 +96,7 @@ void embedding_layernorm_forward(DType dtype, const EmbeddingLayerNormForwardTen
 size_t embedding_layernorm_backward_workspace_bytes(EmbeddingLayerNormSizes sizes);
 
 // The same `dropout` as the forward's: the mask is regenerated from it. `workspace` needs no
-// initialization.
+// initialization (unless ids_counted: then the forward wrote its counts there).
 void embedding_layernorm_backward(DType dtype, const EmbeddingLayerNormBackwardTensors& tensors, Dropout dropout,
                                   EmbeddingLayerNormSizes sizes, void* workspace, cudaStream_t stream);
 

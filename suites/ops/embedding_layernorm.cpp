@@ -6,7 +6,8 @@
 // (a word table is about the L2's size: one set of it would serve its gathered rows from the L2,
 // which a training step, running the whole model between two embedding calls, never does); the
 // small position and token-type tables are one set.
-// Each repetition draws a fresh mask (the Philox offset is the repetition).
+// Each repetition draws a fresh mask (the Philox offset is the repetition). Forward + backward is a
+// training step's: the fused forward is given the backward's workspace and counts the ids for it.
 //
 // Bytes that must move: forward reads the three int64 ids, a gathered word row per token, the
 // position rows in use (min(tokens, 512)) and both token-type rows once, gamma, beta and writes y,
@@ -145,6 +146,8 @@ std::vector<Case> embedding_layernorm_cases(Shape2 shape, kernels::DType dtype, 
                      forward.y = o.y[s].get();
                      forward.mean = o.mean[s].as<float>();
                      forward.rstd = o.rstd[s].as<float>();
+                     // Training: the forward also counts the ids for the backward.
+                     if (backward) forward.backward_workspace = o.workspace.get();
                      kernels::embedding_layernorm_forward(dtype, forward, dropout, sizes_of(shape), kEps, stream);
                      if (backward) {
                        kernels::EmbeddingLayerNormBackwardTensors grads;
@@ -163,6 +166,7 @@ std::vector<Case> embedding_layernorm_cases(Shape2 shape, kernels::DType dtype, 
                        grads.dtoken_type = o.dtype.get();
                        grads.dgamma = o.dgamma.get();
                        grads.dbeta = o.dbeta.get();
+                       grads.ids_counted = true;
                        kernels::embedding_layernorm_backward(dtype, grads, dropout, sizes_of(shape), o.workspace.get(),
                                                              stream);
                      }

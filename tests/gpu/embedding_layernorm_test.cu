@@ -11,6 +11,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "device_buffers.h"
@@ -32,7 +33,8 @@ struct Shape {
   int types = 2;
 };
 
-using Param = std::tuple<DType, Shape, float>;
+// counted: the forward counts the ids in the backward's workspace (training), the backward uses them.
+using Param = std::tuple<DType, Shape, float, bool>;
 
 class DeviceIds {
  public:
@@ -66,7 +68,8 @@ struct Outcome {
   reference::EmbeddingLayerNormBackward grad;
 };
 
-Outcome run_problem(DType dtype, Shape shape, float p, reference::EmbeddingIds ids, std::mt19937_64& rng) {
+Outcome run_problem(DType dtype, Shape shape, float p, reference::EmbeddingIds ids, std::mt19937_64& rng,
+                    bool counted = false) {
   const int T = shape.tokens, H = shape.hidden;
   std::normal_distribution<double> normal(0.0, 1.0);
   Outcome run;
@@ -117,6 +120,7 @@ Outcome run_problem(DType dtype, Shape shape, float p, reference::EmbeddingIds i
   forward.y = y.get();
   forward.mean = mean.data;
   forward.rstd = rstd.data;
+  if (counted) forward.backward_workspace = workspace;
   embedding_layernorm_forward(dtype, forward, dropout, sizes, static_cast<float>(kEps), nullptr);
   EmbeddingLayerNormBackwardTensors backward;
   backward.dy = dy.get();
@@ -134,6 +138,7 @@ Outcome run_problem(DType dtype, Shape shape, float p, reference::EmbeddingIds i
   backward.dtoken_type = dtype_.get();
   backward.dgamma = dgamma.get();
   backward.dbeta = dbeta.get();
+  backward.ids_counted = counted;
   embedding_layernorm_backward(dtype, backward, dropout, sizes, workspace, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaFree(workspace);
@@ -187,9 +192,9 @@ class EmbeddingLayerNormTest : public ::testing::TestWithParam<Param> {};
 
 TEST_P(EmbeddingLayerNormTest, ForwardAndBackwardMatchFloat64Reference) {
   FUSEKIT_REQUIRE_GPU();
-  const auto [dtype, shape, p] = GetParam();
+  const auto [dtype, shape, p, counted] = GetParam();
   std::mt19937_64 rng(std::random_device{}());
-  const Outcome run = run_problem(dtype, shape, p, random_ids(shape, rng), rng);
+  const Outcome run = run_problem(dtype, shape, p, random_ids(shape, rng), rng, counted);
   EXPECT_LT(relative_error(run.y, run.ref.y), bound(dtype, run.ref.y)) << "y";
   EXPECT_LT(relative_error(run.mean, run.ref.mean), 1e-5) << "mean";
   EXPECT_LT(relative_error(run.rstd, run.ref.rstd), 1e-5) << "rstd";
@@ -210,9 +215,10 @@ TEST_P(EmbeddingLayerNormTest, ForwardAndBackwardMatchFloat64Reference) {
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
-  const auto [dtype, shape, p] = info.param;
+  const auto [dtype, shape, p, counted] = info.param;
   return std::string(dtype_name(dtype)) + "_" + std::to_string(shape.tokens) + "x" + std::to_string(shape.hidden) +
-         "_v" + std::to_string(shape.vocab) + "_p" + std::to_string(static_cast<int>(p * 100));
+         "_v" + std::to_string(shape.vocab) + "_p" + std::to_string(static_cast<int>(p * 100)) +
+         (counted ? "_counted" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -229,7 +235,7 @@ INSTANTIATE_TEST_SUITE_P(
                                          // 16-bit types at 768 and 1024 columns take a warp a token:
                                          // 5 token types are summed with atomics, 3 in shared memory.
                                          Shape{700, 768, 900, 40, 5}, Shape{1500, 1024, 600, 512, 3}),
-                       ::testing::Values(0.f, 0.1f)),
+                       ::testing::Values(0.f, 0.1f), ::testing::Bool()),
     param_name);
 
 // 8192 tokens on 4 word rows (about 2048 de rows each) and 2 token types: the table gradients must
@@ -238,10 +244,11 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(EmbeddingLayerNormRepeatedIds, WordGradientIsSummedInFloat) {
   FUSEKIT_REQUIRE_GPU();
   std::mt19937_64 rng(std::random_device{}());
-  for (int hidden : {64, 768}) {  // a warp a row (unsorted backward), a warp a token (sorted)
-    SCOPED_TRACE("hidden " + std::to_string(hidden));
+  for (const auto [hidden, counted] : {std::pair{64, false}, {768, false}, {768, true}}) {
+    // A warp a row (unsorted backward), the sorted backward (the ids counted by it or by the forward).
+    SCOPED_TRACE("hidden " + std::to_string(hidden) + (counted ? ", counted by the forward" : ""));
     const Shape shape{8192, hidden, 4, 128, 2};
-    const Outcome run = run_problem(DType::f16, shape, 0.1f, random_ids(shape, rng), rng);
+    const Outcome run = run_problem(DType::f16, shape, 0.1f, random_ids(shape, rng), rng, counted);
     expect_gradients_match(DType::f16, run);
     auto fp16 = [](double x) { return from_bits(to_bits({x}, DType::f16)[0], DType::f16); };
     std::vector<double> naive(run.grad.dword.size(), 0.0);
@@ -263,14 +270,16 @@ TEST(EmbeddingLayerNormRepeatedIds, WordGradientIsSummedInFloat) {
 TEST(EmbeddingLayerNormIdsOutOfRange, GiveNaNRowsAndNoGradient) {
   FUSEKIT_REQUIRE_GPU();
   std::mt19937_64 rng(std::random_device{}());
-  for (int hidden : {768, 12288}) {  // the register and the looping kernels
+  for (const auto [hidden, counted] : {std::pair{768, false}, {12288, false}, {768, true}, {12288, true}}) {
+    // The register and the looping kernels; the ids counted by the backward or by the forward.
+    SCOPED_TRACE("hidden " + std::to_string(hidden) + (counted ? ", counted by the forward" : ""));
     const Shape shape{40, hidden, 100, 16, 2};
     reference::EmbeddingIds ids = random_ids(shape, rng);
     ids.word[3] = shape.vocab;
     ids.word[7] = -1;
     ids.position[11] = shape.positions;
     ids.type[19] = 1LL << 40;
-    const Outcome run = run_problem(DType::bf16, shape, 0.1f, ids, rng);
+    const Outcome run = run_problem(DType::bf16, shape, 0.1f, ids, rng, counted);
     std::vector<double> y_ok, ref_ok;
     for (int r = 0; r < shape.tokens; ++r) {
       const bool out = r == 3 || r == 7 || r == 11 || r == 19;

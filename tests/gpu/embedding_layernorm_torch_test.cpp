@@ -27,6 +27,7 @@ struct Param {
   int hidden;
   int vocab;
   float p;
+  bool counted = false;  // the forward counts the ids in the backward's workspace (training)
 };
 
 constexpr int kPositions = 512, kTypes = 2;
@@ -86,6 +87,7 @@ TEST_P(EmbeddingLayerNormTorchTest, MatchesAutogradOfTheBaseline) {
   forward.y = y.data_ptr();
   forward.mean = mean.data_ptr<float>();
   forward.rstd = rstd.data_ptr<float>();
+  if (p.counted) forward.backward_workspace = workspace.data_ptr();
   kernels::embedding_layernorm_forward(p.dtype, forward, dropout, sizes, static_cast<float>(eps), stream);
   kernels::EmbeddingLayerNormBackwardTensors backward;
   backward.dy = dy.data_ptr();
@@ -103,6 +105,7 @@ TEST_P(EmbeddingLayerNormTorchTest, MatchesAutogradOfTheBaseline) {
   backward.dtoken_type = dtoken_type.data_ptr();
   backward.dgamma = dgamma.data_ptr();
   backward.dbeta = dbeta.data_ptr();
+  backward.ids_counted = p.counted;
   kernels::embedding_layernorm_backward(p.dtype, backward, dropout, sizes, workspace.data_ptr(), stream);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
@@ -118,21 +121,22 @@ TEST_P(EmbeddingLayerNormTorchTest, MatchesAutogradOfTheBaseline) {
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
   const Param& p = info.param;
   return std::string(kernels::dtype_name(p.dtype)) + "_" + std::to_string(p.tokens) + "x" + std::to_string(p.hidden) +
-         "_v" + std::to_string(p.vocab) + "_p" + std::to_string(static_cast<int>(p.p * 100));
+         "_v" + std::to_string(p.vocab) + "_p" + std::to_string(static_cast<int>(p.p * 100)) +
+         (p.counted ? "_counted" : "");
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, EmbeddingLayerNormTorchTest,
-                         ::testing::Values(Param{kernels::DType::f32, 300, 31, 97, 0.f},
-                                           Param{kernels::DType::f32, 8192, 768, 30522, 0.1f},
-                                           Param{kernels::DType::f16, 8192, 768, 30522, 0.f},
-                                           Param{kernels::DType::f16, 8192, 768, 30522, 0.1f},
-                                           Param{kernels::DType::bf16, 8192, 768, 30522, 0.1f},
-                                           Param{kernels::DType::f16, 4096, 1024, 30522, 0.1f},
-                                           Param{kernels::DType::bf16, 16384, 1024, 30522, 0.f},
-                                           Param{kernels::DType::f16, 77, 1000, 500, 0.1f},
-                                           Param{kernels::DType::bf16, 1, 768, 30522, 0.1f},
-                                           Param{kernels::DType::f16, 9, 12288, 40, 0.1f}),
-                         param_name);
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, EmbeddingLayerNormTorchTest,
+    ::testing::Values(
+        Param{kernels::DType::f32, 300, 31, 97, 0.f}, Param{kernels::DType::f32, 8192, 768, 30522, 0.1f},
+        Param{kernels::DType::f16, 8192, 768, 30522, 0.f}, Param{kernels::DType::f16, 8192, 768, 30522, 0.1f},
+        Param{kernels::DType::bf16, 8192, 768, 30522, 0.1f}, Param{kernels::DType::f16, 4096, 1024, 30522, 0.1f},
+        Param{kernels::DType::bf16, 16384, 1024, 30522, 0.f}, Param{kernels::DType::f16, 77, 1000, 500, 0.1f},
+        Param{kernels::DType::bf16, 1, 768, 30522, 0.1f}, Param{kernels::DType::f16, 9, 12288, 40, 0.1f},
+        Param{kernels::DType::f16, 8192, 768, 30522, 0.1f, true},
+        Param{kernels::DType::bf16, 16384, 1024, 30522, 0.1f, true},
+        Param{kernels::DType::f32, 8192, 768, 30522, 0.1f, true}, Param{kernels::DType::f16, 9, 12288, 40, 0.1f, true}),
+    param_name);
 
 }  // namespace
 }  // namespace fusekit
