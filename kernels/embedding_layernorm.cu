@@ -8,8 +8,8 @@
 // The backward of rows of 33..256 16-byte vectors (BERT's 768 and 1024 columns) sorts the tokens by
 // position first, so that neither table gradient needs an atomic per token:
 //   1. one kernel zeroes the counters; a thread a token counts the tokens of each word and position
-//      id, ranks each token within its position, and lists each word used more than once with its
-//      second token (whose float row will sum the word). In training the forward, given the
+//      id, ranks each token within its position, and notes each word's second token (whose float
+//      row will sum the word if it is used more than once). In training the forward, given the
 //      backward's workspace, counts while its rows load (the zeroing kernel before it, the counts by
 //      a row group's first thread), and the backward starts at step 2 (H100, fp16, forward +
 //      backward, A/B in one process: 8192 x 768 57.7-58.0 -> 55.7-55.8 us, 8192 x 1024 74.1 ->
@@ -100,12 +100,10 @@ struct Tables {
 struct SortedTokens {
   int* count;       // [vocab]: tokens with this word id (all three ids in range); zeroed before
   int* pcount;      // [positions + 1]: tokens per position id, the last for ids out of range; zeroed
-  int* repeated;    // [1]: how many words are used more than once; zeroed
   int* second;      // [vocab]: the second token to use a word: its row of word_sums sums the word
   int* rank;        // [tokens]: a token's place among the tokens of its position
   int4* entries;    // [tokens]: (token, word, position, type) by position; word -1: out of range
   int* entry_rows;  // [tokens]: the word_sums row of the entry's word, or -1 for a word used once
-  int2* pairs;      // [vocab]: the words used more than once, each with its second token (word_sums row)
 };
 
 // Counts token r (ids `ids`): its word and position ids, its rank within its position; the second
@@ -123,10 +121,7 @@ __device__ __forceinline__ TokenCount count_token_atomics(const TokenIds& ids, c
 __device__ __forceinline__ void count_token_finish(const TokenCount& n, const TokenIds& ids, int r,
                                                    const SortedTokens& s) {
   s.rank[r] = n.rank;
-  if (n.uses == 1) {
-    s.second[ids.word] = r;
-    s.pairs[atomicAdd(s.repeated, 1)] = make_int2(static_cast<int>(ids.word), r);
-  }
+  if (n.uses == 1) s.second[ids.word] = r;
 }
 __device__ __forceinline__ void count_token(const TokenIds& ids, int r, const SortedTokens& s, int positions) {
   count_token_finish(count_token_atomics(ids, s, positions), ids, r, s);
@@ -644,24 +639,30 @@ __device__ __forceinline__ void order_tokens(const Lookup& lookup, int rows, con
 
 // entries[first entry of position p + rank] = the token's ids, with the first entries from an
 // exclusive scan of pcount that every block with tokens does for itself in shared memory (positions
-// + 1 ints). Then every warp of the grid zeroes its share of the word_sums rows that will sum the
-// repeated words (a row per repeated word: its second token's), spread over the whole grid (tied to
-// the warps of their tokens, the few blocks of this kernel took 6.5 against 3.6 us at 8192 x 768).
+// + 1 ints). Then every warp of the grid zeroes the word_sums rows that will sum the repeated words
+// of its share of the vocabulary (a row per repeated word: its second token's), spread over the
+// whole grid (tied to the warps of their tokens, the few blocks of this kernel took 6.5 against 3.6
+// us at 8192 x 768).
 __global__ void order_tokens_kernel(Lookup lookup, int rows, SortedTokens s, float* __restrict__ word_sums, int C,
                                     float4* __restrict__ small_sums, int small_float4s) {
   // The first token's ids before the wait: they are inputs, not the counts' results.
   const int first_row = blockIdx.x * blockDim.x + threadIdx.x;
   const TokenIds first_ids = lookup.at(min(first_row, rows - 1));
   wait_for_prior_grid();  // the counts: launch_after_prior
-  // The warp's first repeated word loads with the count of them, before the scan (at most vocab).
-  const int lane = threadIdx.x % kWarpSize, warps = gridDim.x * blockDim.x / kWarpSize;
-  const int first_k = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize;
-  const int2 first_pair = first_k < lookup.vocab ? s.pairs[first_k] : make_int2(0, 0);
-  const int repeated = *s.repeated;
   if (static_cast<int>(blockIdx.x * blockDim.x) < rows) order_tokens(lookup, rows, s, first_row, first_ids);
-  for (int k = first_k; k < repeated; k += warps) {
-    const int2 pair = k == first_k ? first_pair : s.pairs[k];
-    zero_floats(word_sums + static_cast<size_t>(pair.y) * C, C, lane, kWarpSize);
+  // The words used more than once, 32 at a time a warp, by their counts (no list of them: appending
+  // to one needs a counter that every repeated word's second token waits on).
+  const int lane = threadIdx.x % kWarpSize, warps = gridDim.x * blockDim.x / kWarpSize;
+  for (int first = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize * kWarpSize; first < lookup.vocab;
+       first += warps * kWarpSize) {
+    const int word = first + lane;
+    const int row = word < lookup.vocab ? s.second[word] : 0;  // read with the count: used if it is > 1
+    uint32_t repeated = __ballot_sync(0xffffffffu, word < lookup.vocab && s.count[word] > 1);
+    while (repeated != 0) {
+      const int l = __ffs(repeated) - 1;
+      repeated &= repeated - 1;
+      zero_floats(word_sums + static_cast<size_t>(__shfl_sync(0xffffffffu, row, l)) * C, C, lane, kWarpSize);
+    }
   }
   // And the position and type float sums (whole float4s: their rows are C floats each).
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < small_float4s; i += gridDim.x * blockDim.x)
@@ -1126,58 +1127,54 @@ __global__ void __launch_bounds__(kTokenGroups* W* kWarpSize, kSplitMinBlocks)
   }
 }
 
-// Rows y, y + rows_per_step, ... of the tables after the sorted backward, x of `threads` threads on
-// each row.
+// The C floats at `from`, rounded once, to `to`, by a warp.
 template <class T, int VEC>
-__device__ __forceinline__ void sorted_table_rows(const SortedTokens& s, const float* __restrict__ word_sums,
-                                                  const float* __restrict__ small_sums, T* __restrict__ dword,
-                                                  T* __restrict__ dposition, T* __restrict__ dtype, int positions,
-                                                  int C, int total, int x, int threads, int y, int rows_per_step) {
-  const int repeated = *s.repeated;
-  for (int row = y; row < total; row += rows_per_step) {
-    const float* from;
-    T* to;
-    if (row < repeated) {
-      const int2 pair = s.pairs[row];  // (word, the row of word_sums that sums it)
-      from = word_sums + static_cast<size_t>(pair.y) * C;
-      to = dword + static_cast<size_t>(pair.x) * C;
-    } else {
-      const int small = row - repeated;
-      from = small_sums + static_cast<size_t>(small) * C;
-      to = small < positions ? dposition + static_cast<size_t>(small) * C
-                             : dtype + static_cast<size_t>(small - positions) * C;
-    }
-    for (int c = x * VEC; c < C; c += threads * VEC) {
-      Vec<T, VEC> out;
+__device__ __forceinline__ void convert_row(const float* __restrict__ from, T* __restrict__ to, int C, int lane) {
+  for (int c = lane * VEC; c < C; c += kWarpSize * VEC) {
+    Vec<T, VEC> out;
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>(from[c + k]);
-      out.store(to + c);
-    }
+    for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>(from[c + k]);
+    out.store(to + c);
   }
 }
 
 // After the sorted backward, in one launch: the rows of dword of words used more than once, and every
 // row of dposition and dtoken_type, from their float sums; and dgamma, dbeta from the row kernel's
 // partial rows. Blocks [0, C / kGradientColumns) each sum a tile of columns (parameter_gradient_
-// kernel's work), the others convert rows, `row_threads` threads a row (H100, fp16, 8192 x 768: the
-// two as separate kernels took 5.2 and 4.0 us a call, one launch 5.5 to 6.4 us in three runs).
+// kernel's work); in the others a warp takes a position or type row, or 32 words of the vocabulary
+// (their counts: it converts the rows of those used more than once). (H100, fp16, 8192 x 768: the
+// two as separate kernels took 5.2 and 4.0 us a call, one launch 5.5 to 6.4 us in three runs.)
 template <class T, int VEC>
 __global__ void __launch_bounds__(kGradientThreads)
     sorted_gradients_kernel(const SortedTokens s, const float* __restrict__ word_sums,
                             const float* __restrict__ small_sums, T* __restrict__ dword, T* __restrict__ dposition,
-                            T* __restrict__ dtype, int positions, int types, int C, const float* __restrict__ partial,
-                            int parts, ParameterGradients<T, 2> parameters, int row_threads) {
+                            T* __restrict__ dtype, int vocab, int positions, int types, int C,
+                            const float* __restrict__ partial, int parts, ParameterGradients<T, 2> parameters) {
   wait_for_prior_grid();  // the sums and the partial rows: launch_after_prior
   const int tiles = ceil_div(C, kGradientColumns);
   if (static_cast<int>(blockIdx.x) < tiles) {
     parameter_gradient_tile<T, 2>(partial, parts, C, parameters, blockIdx.x);
     return;
   }
-  const int rows_per_block = kGradientThreads / row_threads, y = threadIdx.x / row_threads;
-  if (y >= rows_per_block) return;
-  sorted_table_rows<T, VEC>(s, word_sums, small_sums, dword, dposition, dtype, positions, C,
-                            *s.repeated + positions + types, threadIdx.x % row_threads, row_threads,
-                            (blockIdx.x - tiles) * rows_per_block + y, (gridDim.x - tiles) * rows_per_block);
+  const int lane = threadIdx.x % kWarpSize, warps = (gridDim.x - tiles) * (kGradientThreads / kWarpSize);
+  const int small_rows = positions + types, items = small_rows + ceil_div(vocab, kWarpSize);
+  for (int item = ((blockIdx.x - tiles) * blockDim.x + threadIdx.x) / kWarpSize; item < items; item += warps) {
+    if (item < small_rows) {
+      T* to = item < positions ? dposition + static_cast<size_t>(item) * C
+                               : dtype + static_cast<size_t>(item - positions) * C;
+      convert_row<T, VEC>(small_sums + static_cast<size_t>(item) * C, to, C, lane);
+      continue;
+    }
+    const int word = (item - small_rows) * kWarpSize + lane;
+    const int row = word < vocab ? s.second[word] : 0;  // read with the count: used if it is > 1
+    uint32_t repeated = __ballot_sync(0xffffffffu, word < vocab && s.count[word] > 1);
+    while (repeated != 0) {
+      const int l = __ffs(repeated) - 1;
+      repeated &= repeated - 1;
+      convert_row<T, VEC>(word_sums + static_cast<size_t>(__shfl_sync(0xffffffffu, row, l)) * C,
+                          dword + static_cast<size_t>(word - lane + l) * C, C, lane);
+    }
+  }
 }
 
 template <class T>
@@ -1255,16 +1252,14 @@ int backward_block_limit(int rows) {
 // backward zeroes count .. small_sums (the counters) with one kernel and small_sums in its ordering
 // kernel, the unsorted one small_sums .. counter with a memset.
 struct WorkspaceLayout {
-  size_t partial, count, pcount, repeated, small_sums, word_sums, mark, counter, slot, second, rank, entries,
-      entry_rows, pairs, total;
+  size_t partial, count, pcount, small_sums, word_sums, mark, counter, slot, second, rank, entries, entry_rows, total;
   explicit WorkspaceLayout(const EmbeddingLayerNormSizes& s) {
     auto round4 = [](size_t n) { return (n + 3) / 4 * 4; };
     const size_t C = s.hidden, tokens = static_cast<size_t>(s.tokens);
     partial = 0;
     count = partial + round4(2 * C * backward_block_limit(std::max(s.tokens, 1)));
     pcount = count + round4(s.vocab);
-    repeated = pcount + round4(static_cast<size_t>(s.max_positions) + 1);
-    small_sums = repeated + 4;
+    small_sums = pcount + round4(static_cast<size_t>(s.max_positions) + 1);
     word_sums = small_sums + round4((static_cast<size_t>(s.max_positions) + s.token_types) * C);
     // A row per distinct word (unsorted: slots) or per token (sorted: a token's row sums its word).
     mark = word_sums + round4(tokens * C);
@@ -1274,8 +1269,7 @@ struct WorkspaceLayout {
     rank = second + round4(s.vocab);
     entries = rank + round4(tokens);
     entry_rows = entries + 4 * tokens;
-    pairs = entry_rows + round4(tokens);
-    total = pairs + 2 * static_cast<size_t>(s.vocab);
+    total = entry_rows + round4(tokens);
   }
 };
 
@@ -1332,13 +1326,15 @@ struct TableLaunch {
 // The sorted backward's counts and order in the workspace.
 SortedTokens sorted_tokens(float* base, const WorkspaceLayout& layout) {
   auto ints = [&](size_t at) { return reinterpret_cast<int*>(base + at); };
-  return {ints(layout.count),      ints(layout.pcount),
-          ints(layout.repeated),   ints(layout.second),
-          ints(layout.rank),       reinterpret_cast<int4*>(base + layout.entries),
-          ints(layout.entry_rows), reinterpret_cast<int2*>(base + layout.pairs)};
+  return {ints(layout.count),
+          ints(layout.pcount),
+          ints(layout.second),
+          ints(layout.rank),
+          reinterpret_cast<int4*>(base + layout.entries),
+          ints(layout.entry_rows)};
 }
 
-// Zeroes the counters (count .. small_sums, contiguous; the float sums are zeroed by the ordering
+// Zeroes the counters (count, pcount: count .. small_sums; the float sums are zeroed by the ordering
 // kernel). A kernel, not a memset, so that the counting kernel (or the counting forward) launches as
 // its programmatic dependent (H100, fp16, A/B in one process: forward + backward 8192 x 768
 // 62.2-62.5 -> 60.6-60.8 us, 16384 x 1024 125.1 -> 123.5 us).
@@ -1444,14 +1440,13 @@ bool backward_sorted(const BackwardArgs<T>& a, float* base, const WorkspaceLayou
   const int table_vec = vector_width<T>(a.C, {dword, dposition, dtype});
   dispatch_vector_width<T>(table_vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
-    // At most one repeated word per two tokens.
-    const int table_rows = std::min(a.rows / 2, l.vocab) + l.positions + l.types;
-    const int row_threads = TableLaunch(a.C, VEC, table_rows).block.x;
+    // A warp an item: a position or type row, or 32 words.
+    const int items = l.positions + l.types + ceil_div(l.vocab, kWarpSize);
     const int tiles = ceil_div(a.C, kGradientColumns);
-    const int row_blocks = std::min(ceil_div(table_rows, kGradientThreads / row_threads), 32 * multiprocessors());
+    const int row_blocks = std::min(ceil_div(items, kGradientThreads / kWarpSize), 32 * multiprocessors());
     launch_after_prior(sorted_gradients_kernel<T, VEC>, dim3(tiles + row_blocks), dim3(kGradientThreads), 0, stream, s,
-                       a.word_sums, a.small_sums, dword, dposition, dtype, l.positions, l.types, a.C, a.partial, blocks,
-                       ParameterGradients<T, 2>{{dgamma, dbeta}}, row_threads);
+                       a.word_sums, a.small_sums, dword, dposition, dtype, l.vocab, l.positions, l.types, a.C,
+                       a.partial, blocks, ParameterGradients<T, 2>{{dgamma, dbeta}});
   });
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
   return true;
