@@ -104,6 +104,8 @@ struct SortedTokens {
   int* rank;        // [tokens]: a token's place among the tokens of its position
   int4* entries;    // [tokens]: (token, word, position, type) by position; word -1: out of range
   int* entry_rows;  // [tokens]: the word_sums row of the entry's word, or -1 for a word used once
+  int* repeated;    // [1]: how many words are used more than once; zeroed
+  int2* pairs;      // [vocab]: those words, each with its second token (the word_sums row that sums it)
 };
 
 // Counts token r (ids `ids`): its word and position ids, its rank within its position; the second
@@ -650,19 +652,26 @@ __global__ void order_tokens_kernel(Lookup lookup, int rows, SortedTokens s, flo
   const TokenIds first_ids = lookup.at(min(first_row, rows - 1));
   wait_for_prior_grid();  // the counts: launch_after_prior
   if (static_cast<int>(blockIdx.x * blockDim.x) < rows) order_tokens(lookup, rows, s, first_row, first_ids);
-  // The words used more than once, 32 at a time a warp, by their counts (no list of them: appending
-  // to one needs a counter that every repeated word's second token waits on).
+  // The words used more than once, 32 at a time a warp, by their counts: listed for
+  // sorted_gradients_kernel, a place in the list for the warp's words with one atomic (the counting
+  // forward appended each word itself, and its second token waited for the counter), and their
+  // word_sums rows zeroed.
   const int lane = threadIdx.x % kWarpSize, warps = gridDim.x * blockDim.x / kWarpSize;
   for (int first = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize * kWarpSize; first < lookup.vocab;
        first += warps * kWarpSize) {
     const int word = first + lane;
     const int row = word < lookup.vocab ? s.second[word] : 0;  // read with the count: used if it is > 1
-    uint32_t repeated = __ballot_sync(0xffffffffu, word < lookup.vocab && s.count[word] > 1);
-    while (repeated != 0) {
-      const int l = __ffs(repeated) - 1;
-      repeated &= repeated - 1;
+    const bool many = word < lookup.vocab && s.count[word] > 1;
+    const uint32_t repeated = __ballot_sync(0xffffffffu, many);
+    if (repeated == 0) continue;
+    for (uint32_t left = repeated; left != 0; left &= left - 1) {
+      const int l = __ffs(left) - 1;
       zero_floats(word_sums + static_cast<size_t>(__shfl_sync(0xffffffffu, row, l)) * C, C, lane, kWarpSize);
     }
+    int at = 0;
+    if (lane == 0) at = atomicAdd(s.repeated, __popc(repeated));
+    at = __shfl_sync(0xffffffffu, at, 0) + __popc(repeated & ((1u << lane) - 1));
+    if (many) s.pairs[at] = make_int2(word, row);
   }
   // And the position and type float sums (whole float4s: their rows are C floats each).
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < small_float4s; i += gridDim.x * blockDim.x)
@@ -1127,54 +1136,58 @@ __global__ void __launch_bounds__(kTokenGroups* W* kWarpSize, kSplitMinBlocks)
   }
 }
 
-// The C floats at `from`, rounded once, to `to`, by a warp.
+// Rows y, y + rows_per_step, ... of the tables after the sorted backward, x of `threads` threads on
+// each row.
 template <class T, int VEC>
-__device__ __forceinline__ void convert_row(const float* __restrict__ from, T* __restrict__ to, int C, int lane) {
-  for (int c = lane * VEC; c < C; c += kWarpSize * VEC) {
-    Vec<T, VEC> out;
+__device__ __forceinline__ void sorted_table_rows(const SortedTokens& s, const float* __restrict__ word_sums,
+                                                  const float* __restrict__ small_sums, T* __restrict__ dword,
+                                                  T* __restrict__ dposition, T* __restrict__ dtype, int positions,
+                                                  int C, int total, int x, int threads, int y, int rows_per_step) {
+  const int repeated = *s.repeated;
+  for (int row = y; row < total; row += rows_per_step) {
+    const float* from;
+    T* to;
+    if (row < repeated) {
+      const int2 pair = s.pairs[row];  // (word, the row of word_sums that sums it)
+      from = word_sums + static_cast<size_t>(pair.y) * C;
+      to = dword + static_cast<size_t>(pair.x) * C;
+    } else {
+      const int small = row - repeated;
+      from = small_sums + static_cast<size_t>(small) * C;
+      to = small < positions ? dposition + static_cast<size_t>(small) * C
+                             : dtype + static_cast<size_t>(small - positions) * C;
+    }
+    for (int c = x * VEC; c < C; c += threads * VEC) {
+      Vec<T, VEC> out;
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>(from[c + k]);
-    out.store(to + c);
+      for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>(from[c + k]);
+      out.store(to + c);
+    }
   }
 }
 
 // After the sorted backward, in one launch: the rows of dword of words used more than once, and every
 // row of dposition and dtoken_type, from their float sums; and dgamma, dbeta from the row kernel's
 // partial rows. Blocks [0, C / kGradientColumns) each sum a tile of columns (parameter_gradient_
-// kernel's work); in the others a warp takes a position or type row, or 32 words of the vocabulary
-// (their counts: it converts the rows of those used more than once). (H100, fp16, 8192 x 768: the
-// two as separate kernels took 5.2 and 4.0 us a call, one launch 5.5 to 6.4 us in three runs.)
+// kernel's work), the others convert rows, `row_threads` threads a row (H100, fp16, 8192 x 768: the
+// two as separate kernels took 5.2 and 4.0 us a call, one launch 5.5 to 6.4 us in three runs).
 template <class T, int VEC>
 __global__ void __launch_bounds__(kGradientThreads)
     sorted_gradients_kernel(const SortedTokens s, const float* __restrict__ word_sums,
                             const float* __restrict__ small_sums, T* __restrict__ dword, T* __restrict__ dposition,
-                            T* __restrict__ dtype, int vocab, int positions, int types, int C,
-                            const float* __restrict__ partial, int parts, ParameterGradients<T, 2> parameters) {
+                            T* __restrict__ dtype, int positions, int types, int C, const float* __restrict__ partial,
+                            int parts, ParameterGradients<T, 2> parameters, int row_threads) {
   wait_for_prior_grid();  // the sums and the partial rows: launch_after_prior
   const int tiles = ceil_div(C, kGradientColumns);
   if (static_cast<int>(blockIdx.x) < tiles) {
     parameter_gradient_tile<T, 2>(partial, parts, C, parameters, blockIdx.x);
     return;
   }
-  const int lane = threadIdx.x % kWarpSize, warps = (gridDim.x - tiles) * (kGradientThreads / kWarpSize);
-  const int small_rows = positions + types, items = small_rows + ceil_div(vocab, kWarpSize);
-  for (int item = ((blockIdx.x - tiles) * blockDim.x + threadIdx.x) / kWarpSize; item < items; item += warps) {
-    if (item < small_rows) {
-      T* to = item < positions ? dposition + static_cast<size_t>(item) * C
-                               : dtype + static_cast<size_t>(item - positions) * C;
-      convert_row<T, VEC>(small_sums + static_cast<size_t>(item) * C, to, C, lane);
-      continue;
-    }
-    const int word = (item - small_rows) * kWarpSize + lane;
-    const int row = word < vocab ? s.second[word] : 0;  // read with the count: used if it is > 1
-    uint32_t repeated = __ballot_sync(0xffffffffu, word < vocab && s.count[word] > 1);
-    while (repeated != 0) {
-      const int l = __ffs(repeated) - 1;
-      repeated &= repeated - 1;
-      convert_row<T, VEC>(word_sums + static_cast<size_t>(__shfl_sync(0xffffffffu, row, l)) * C,
-                          dword + static_cast<size_t>(word - lane + l) * C, C, lane);
-    }
-  }
+  const int rows_per_block = kGradientThreads / row_threads, y = threadIdx.x / row_threads;
+  if (y >= rows_per_block) return;
+  sorted_table_rows<T, VEC>(s, word_sums, small_sums, dword, dposition, dtype, positions, C,
+                            *s.repeated + positions + types, threadIdx.x % row_threads, row_threads,
+                            (blockIdx.x - tiles) * rows_per_block + y, (gridDim.x - tiles) * rows_per_block);
 }
 
 template <class T>
@@ -1252,14 +1265,16 @@ int backward_block_limit(int rows) {
 // backward zeroes count .. small_sums (the counters) with one kernel and small_sums in its ordering
 // kernel, the unsorted one small_sums .. counter with a memset.
 struct WorkspaceLayout {
-  size_t partial, count, pcount, small_sums, word_sums, mark, counter, slot, second, rank, entries, entry_rows, total;
+  size_t partial, count, pcount, repeated, small_sums, word_sums, mark, counter, slot, second, rank, entries,
+      entry_rows, pairs, total;
   explicit WorkspaceLayout(const EmbeddingLayerNormSizes& s) {
     auto round4 = [](size_t n) { return (n + 3) / 4 * 4; };
     const size_t C = s.hidden, tokens = static_cast<size_t>(s.tokens);
     partial = 0;
     count = partial + round4(2 * C * backward_block_limit(std::max(s.tokens, 1)));
     pcount = count + round4(s.vocab);
-    small_sums = pcount + round4(static_cast<size_t>(s.max_positions) + 1);
+    repeated = pcount + round4(static_cast<size_t>(s.max_positions) + 1);
+    small_sums = repeated + 4;
     word_sums = small_sums + round4((static_cast<size_t>(s.max_positions) + s.token_types) * C);
     // A row per distinct word (unsorted: slots) or per token (sorted: a token's row sums its word).
     mark = word_sums + round4(tokens * C);
@@ -1269,7 +1284,8 @@ struct WorkspaceLayout {
     rank = second + round4(s.vocab);
     entries = rank + round4(tokens);
     entry_rows = entries + 4 * tokens;
-    total = entry_rows + round4(tokens);
+    pairs = entry_rows + round4(tokens);
+    total = pairs + 2 * static_cast<size_t>(s.vocab);
   }
 };
 
@@ -1331,7 +1347,9 @@ SortedTokens sorted_tokens(float* base, const WorkspaceLayout& layout) {
           ints(layout.second),
           ints(layout.rank),
           reinterpret_cast<int4*>(base + layout.entries),
-          ints(layout.entry_rows)};
+          ints(layout.entry_rows),
+          ints(layout.repeated),
+          reinterpret_cast<int2*>(base + layout.pairs)};
 }
 
 // Zeroes the counters (count, pcount: count .. small_sums; the float sums are zeroed by the ordering
@@ -1440,13 +1458,14 @@ bool backward_sorted(const BackwardArgs<T>& a, float* base, const WorkspaceLayou
   const int table_vec = vector_width<T>(a.C, {dword, dposition, dtype});
   dispatch_vector_width<T>(table_vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
-    // A warp an item: a position or type row, or 32 words.
-    const int items = l.positions + l.types + ceil_div(l.vocab, kWarpSize);
+    // At most one repeated word per two tokens.
+    const int table_rows = std::min(a.rows / 2, l.vocab) + l.positions + l.types;
+    const int row_threads = TableLaunch(a.C, VEC, table_rows).block.x;
     const int tiles = ceil_div(a.C, kGradientColumns);
-    const int row_blocks = std::min(ceil_div(items, kGradientThreads / kWarpSize), 32 * multiprocessors());
+    const int row_blocks = std::min(ceil_div(table_rows, kGradientThreads / row_threads), 32 * multiprocessors());
     launch_after_prior(sorted_gradients_kernel<T, VEC>, dim3(tiles + row_blocks), dim3(kGradientThreads), 0, stream, s,
-                       a.word_sums, a.small_sums, dword, dposition, dtype, l.vocab, l.positions, l.types, a.C,
-                       a.partial, blocks, ParameterGradients<T, 2>{{dgamma, dbeta}});
+                       a.word_sums, a.small_sums, dword, dposition, dtype, l.positions, l.types, a.C, a.partial, blocks,
+                       ParameterGradients<T, 2>{{dgamma, dbeta}}, row_threads);
   });
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
   return true;
