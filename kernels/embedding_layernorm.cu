@@ -109,7 +109,7 @@ struct SortedTokens {
 };
 
 // Counts token r (ids `ids`): its word and position ids, its rank within its position; the second
-// token of a word lists the word with itself. In two steps, so that a caller can have other loads
+// token of a word notes itself as the word's (second). In two steps, so that a caller can have other loads
 // in flight while the counts come back: the two atomics (in flight at once: neither waits for the
 // other), then what needs their answers.
 struct TokenCount {
@@ -197,8 +197,8 @@ __device__ __forceinline__ void add_floats(float* to, const float* values) {
 // COLUMNS > 0: the row length compiled in (BERT's 768 and 1024 with a warp a row): the row's loads
 // are all issued first, with no branch around them, and its dropout flags drawn while they fly.
 // With a run-time length the same order took 96 registers against 60 (and was slower).
-// kCount: a.count_ids (a separate build, so that the forward alone keeps its registers: 80 against 88
-// at 1024 columns).
+// kCount: a.count_ids (a separate build, so that the forward alone keeps its registers: 77 against
+// the counting build's 80 at 1024 columns).
 template <class T, int VEC, int NV, int TPR, int COLUMNS = 0, bool kCount = false>
 __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     embedding_layernorm_forward_kernel(const ForwardArgs<T> a) {
@@ -919,8 +919,8 @@ __global__ void __launch_bounds__(TPR* G, 1024 / (TPR * G))
 //   cp.async while one computes: 8192 x 768 65.1 against 59.4 us, 16384 x 1024 130 against 122;
 // - the unused rows zeroed before the wait (the ordering kernel letting this one start early):
 //   63.2 against 61.0 us; or by a second kernel beside this one (this one letting it start after
-//   its wait, the zeroing kernel waiting for it only at its end): 74 to 80 against 61 us, this
-//   kernel slowed from 31 to 35-43 us by the zeros' traffic. Without the zeroing at all (timing
+//   its wait, the zeroing kernel waiting for it only at its end): 69.5 to 80 against 61 us, this
+//   kernel slowed from 31 to 34.5-43 us by the zeros' traffic. Without the zeroing at all (timing
 //   only) the kernel takes 22 us: the zeros cost their bytes at about the copy bandwidth.
 constexpr int kTokenGroups = 4;       // a block's
 constexpr int kTypeSumsInShared = 4;  // token types summed in shared memory (else float atomics)
@@ -1352,7 +1352,7 @@ SortedTokens sorted_tokens(float* base, const WorkspaceLayout& layout) {
           reinterpret_cast<int2*>(base + layout.pairs)};
 }
 
-// Zeroes the counters (count, pcount: count .. small_sums; the float sums are zeroed by the ordering
+// Zeroes the counters (count, pcount, repeated: count .. small_sums; the float sums are zeroed by the ordering
 // kernel). A kernel, not a memset, so that the counting kernel (or the counting forward) launches as
 // its programmatic dependent (H100, fp16, A/B in one process: forward + backward 8192 x 768
 // 62.2-62.5 -> 60.6-60.8 us, 16384 x 1024 125.1 -> 123.5 us).
