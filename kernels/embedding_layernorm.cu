@@ -588,8 +588,8 @@ __global__ void embedding_layernorm_backward_looping_kernel(const BackwardArgs<T
 
 // ---- The sorted backward (a block per row, position tables of up to kMaxSortedPositions rows)
 
-// Zeroes n float4s: the sorted backward's counters and float sums. A kernel rather than a memset,
-// so that it, and the counting kernel after it, launch as programmatic dependents.
+// Zeroes n float4s: the sorted backward's counters. A kernel rather than a memset, so that it, and
+// the counting kernel (or forward) after it, launch as programmatic dependents.
 __global__ void zero_float4s_kernel(float4* __restrict__ to, int n) {
   wait_for_prior_grid();  // the kernel before may still read this workspace: launch_after_prior
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
@@ -652,10 +652,12 @@ __global__ void order_tokens_kernel(Lookup lookup, int rows, SortedTokens s, flo
   const TokenIds first_ids = lookup.at(min(first_row, rows - 1));
   wait_for_prior_grid();  // the counts: launch_after_prior
   if (static_cast<int>(blockIdx.x * blockDim.x) < rows) order_tokens(lookup, rows, s, first_row, first_ids);
-  // The words used more than once, 32 at a time a warp, by their counts: listed for
-  // sorted_gradients_kernel, a place in the list for the warp's words with one atomic (the counting
-  // forward appended each word itself, and its second token waited for the counter), and their
-  // word_sums rows zeroed.
+  // The words used more than once, 32 at a time a warp, by their counts: their word_sums rows
+  // zeroed, and the words listed for sorted_gradients_kernel, a place in the list for the warp's
+  // words taken with one atomic. (The list is built here rather than by the counting, where each
+  // word's second token would wait for the counter.) The counter starts from zero only after the
+  // counters' zeroing: the counts serve one backward (embedding_layernorm.h). Reads second[] of
+  // every word, written only for words used more than once: the others' values go unused.
   const int lane = threadIdx.x % kWarpSize, warps = gridDim.x * blockDim.x / kWarpSize;
   for (int first = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize * kWarpSize; first < lookup.vocab;
        first += warps * kWarpSize) {

@@ -85,6 +85,8 @@ struct EmbeddingLayerNormBackwardTensors {
   void* dbeta = nullptr;        // [H]
   // The forward was given this backward's workspace (backward_workspace) with the same ids and
   // sizes, and it is untouched since: its counts are used. Otherwise the backward counts the ids.
+  // The counts serve one backward: a second backward after the same forward must not set this (it
+  // would extend the backward's list of repeated words past its end).
   bool ids_counted = false;
 };
 
