@@ -14,9 +14,9 @@
 //      a row group's first thread), and the backward starts at step 2 (H100, fp16, forward +
 //      backward, A/B in one process: 8192 x 768 57.7-58.0 -> 55.7-55.8 us, 8192 x 1024 74.1 ->
 //      72.4-72.5, 16384 x 768 89.2-89.3 -> 86.7-86.9, 16384 x 1024 118.2-118.5 -> 117.7-117.9);
-//   2. every block scans the position counts in shared memory and writes the tokens' ids in
-//      position order; the grid's warps zero the float rows of the repeated words and the position
-//      and type float sums;
+//   2. the blocks of the scatter each scan the position counts in shared memory and write the
+//      tokens' ids in position order; beside them, two blocks an SM zero the float rows of the
+//      repeated words and the position and type float sums;
 //   3. the row kernel (16-bit types at 768 and 1024 columns: a group of 3 or 4 warps a token, a
 //      16-byte vector a lane, on a run of the order; other rows: G row groups a block, each on
 //      every G-th token of the block's run):
@@ -608,11 +608,21 @@ __global__ void count_tokens_kernel(Lookup lookup, int rows, SortedTokens s) {
     count_token(lookup.at(r), r, s, lookup.positions);
 }
 
-// The scan and the scatter of order_tokens_kernel, by a block with tokens.
-__device__ __forceinline__ void order_tokens(const Lookup& lookup, int rows, const SortedTokens& s, int first_row,
-                                             const TokenIds& first_ids) {
+// The scan and the scatter of order_tokens_kernel, by its first `blocks` blocks: the block's first
+// token (ids `first_ids`, loaded before the wait) has its rank, count and second loaded before the
+// scan, so that those loads fly while the block scans.
+__device__ __forceinline__ void order_tokens(const Lookup& lookup, int rows, const SortedTokens& s, int blocks,
+                                             int first_row, const TokenIds& first_ids) {
   extern __shared__ int first_entry[];
   __shared__ int warp_totals[kWarpSize];
+  int first_rank = 0, first_count = 0, first_second = 0;
+  if (first_row < rows) {
+    first_rank = s.rank[first_row];
+    if (first_ids.in_range) {
+      first_count = s.count[first_ids.word];
+      first_second = s.second[first_ids.word];
+    }
+  }
   const int n = lookup.positions + 1, per_thread = ceil_div(n, static_cast<int>(blockDim.x));
   const int begin = threadIdx.x * per_thread, end = min(begin + per_thread, n);
   int total = 0;
@@ -634,54 +644,67 @@ __device__ __forceinline__ void order_tokens(const Lookup& lookup, int rows, con
     before += s.pcount[i];
   }
   __syncthreads();
-  for (int r = first_row; r < rows; r += gridDim.x * blockDim.x) {
-    const TokenIds ids = r == first_row ? first_ids : lookup.at(r);
-    const int at = first_entry[ids.in_range ? ids.position : lookup.positions] + s.rank[r];
+  for (int r = first_row; r < rows; r += blocks * blockDim.x) {
+    const bool first = r == first_row;
+    const TokenIds ids = first ? first_ids : lookup.at(r);
+    const int rank = first ? first_rank : s.rank[r];
+    const int count = first ? first_count : (ids.in_range ? s.count[ids.word] : 0);
+    const int second = first ? first_second : (ids.in_range ? s.second[ids.word] : 0);
+    const int at = first_entry[ids.in_range ? ids.position : lookup.positions] + rank;
     s.entries[at] = ids.in_range ? make_int4(r, static_cast<int>(ids.word), static_cast<int>(ids.position),
                                              static_cast<int>(ids.type))
                                  : make_int4(r, -1, 0, 0);
-    s.entry_rows[at] = ids.in_range && s.count[ids.word] > 1 ? s.second[ids.word] : -1;
+    s.entry_rows[at] = ids.in_range && count > 1 ? second : -1;
   }
 }
 
-// entries[first entry of position p + rank] = the token's ids, with the first entries from an
-// exclusive scan of pcount that every block with tokens does for itself in shared memory (positions
-// + 1 ints). Then every warp of the grid zeroes the word_sums rows that will sum the repeated words
-// of its share of the vocabulary (a row per repeated word: its second token's), spread over the
-// whole grid (tied to the warps of their tokens, the few blocks of this kernel took 6.5 against 3.6
-// us at 8192 x 768).
+// Blocks [0, token_blocks): entries[first entry of position p + rank] = the token's ids, with the
+// first entries from an exclusive scan of pcount that each of these blocks does for itself in shared
+// memory (positions + 1 ints). The other blocks, beside them: the words used more than once, 32 at
+// a time a warp, by their counts: their word_sums rows (a row per repeated word: its second
+// token's) zeroed, and the words listed for sorted_gradients_kernel, a place in the list for the
+// warp's words taken with one atomic; then the position and type float sums zeroed. (The list is
+// built here rather than by the counting, where each word's second token would wait for the
+// counter. The counter starts from zero only after the counters' zeroing: the counts serve one
+// backward, embedding_layernorm.h. The sweep reads second[] of every word, written only for words
+// used more than once: the others' values go unused.) H100, fp16, forward + backward, A/B in one
+// call: with the sweep done by every block after its tokens, 8192 x 768 56.6-56.8 -> 55.1-55.2 us
+// (this kernel 5.3 -> 3.8 us); with two sweep blocks an SM against one, 16384 x 768 85.8-86.1 ->
+// 85.2-85.4 us. Tried and dropped: the sweep also zeroing the dword rows of unused words (the row
+// kernel no longer zeroing them): this kernel took 15-18 us and the row kernel lost only 7-9
+// (8192 x 768 54.9 -> 58.0-62.1 us, 16384 x 768 86.4 -> 90.8-91.0).
 __global__ void order_tokens_kernel(Lookup lookup, int rows, SortedTokens s, float* __restrict__ word_sums, int C,
-                                    float4* __restrict__ small_sums, int small_float4s) {
-  // The first token's ids before the wait: they are inputs, not the counts' results.
-  const int first_row = blockIdx.x * blockDim.x + threadIdx.x;
-  const TokenIds first_ids = lookup.at(min(first_row, rows - 1));
+                                    float4* __restrict__ small_sums, int small_float4s, int token_blocks) {
+  if (static_cast<int>(blockIdx.x) < token_blocks) {
+    // The first token's ids before the wait: they are inputs, not the counts' results.
+    const int first_row = blockIdx.x * blockDim.x + threadIdx.x;
+    const TokenIds first_ids = lookup.at(min(first_row, rows - 1));
+    wait_for_prior_grid();  // the counts: launch_after_prior
+    order_tokens(lookup, rows, s, token_blocks, first_row, first_ids);
+    return;
+  }
   wait_for_prior_grid();  // the counts: launch_after_prior
-  if (static_cast<int>(blockIdx.x * blockDim.x) < rows) order_tokens(lookup, rows, s, first_row, first_ids);
-  // The words used more than once, 32 at a time a warp, by their counts: their word_sums rows
-  // zeroed, and the words listed for sorted_gradients_kernel, a place in the list for the warp's
-  // words taken with one atomic. (The list is built here rather than by the counting, where each
-  // word's second token would wait for the counter.) The counter starts from zero only after the
-  // counters' zeroing: the counts serve one backward (embedding_layernorm.h). Reads second[] of
-  // every word, written only for words used more than once: the others' values go unused.
-  const int lane = threadIdx.x % kWarpSize, warps = gridDim.x * blockDim.x / kWarpSize;
-  for (int first = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize * kWarpSize; first < lookup.vocab;
+  const int block = blockIdx.x - token_blocks, blocks = gridDim.x - token_blocks;
+  const int lane = threadIdx.x % kWarpSize, warps = blocks * blockDim.x / kWarpSize;
+  for (int first = (block * blockDim.x + threadIdx.x) / kWarpSize * kWarpSize; first < lookup.vocab;
        first += warps * kWarpSize) {
     const int word = first + lane;
     const int row = word < lookup.vocab ? s.second[word] : 0;  // read with the count: used if it is > 1
     const bool many = word < lookup.vocab && s.count[word] > 1;
     const uint32_t repeated = __ballot_sync(0xffffffffu, many);
     if (repeated == 0) continue;
+    int at = 0;
+    if (lane == 0) at = atomicAdd(s.repeated, __popc(repeated));
     for (uint32_t left = repeated; left != 0; left &= left - 1) {
       const int l = __ffs(left) - 1;
       zero_floats(word_sums + static_cast<size_t>(__shfl_sync(0xffffffffu, row, l)) * C, C, lane, kWarpSize);
     }
-    int at = 0;
-    if (lane == 0) at = atomicAdd(s.repeated, __popc(repeated));
     at = __shfl_sync(0xffffffffu, at, 0) + __popc(repeated & ((1u << lane) - 1));
     if (many) s.pairs[at] = make_int2(word, row);
   }
-  // And the position and type float sums (whole float4s: their rows are C floats each).
-  zero_float4s(small_sums, small_float4s);
+  // Whole float4s: the position and type rows are C floats each.
+  for (int i = block * blockDim.x + threadIdx.x; i < small_float4s; i += blocks * blockDim.x)
+    small_sums[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
 // G row groups of TPR threads, one vector a thread, over a run of `per_block` consecutive entries
@@ -1057,13 +1080,15 @@ __global__ void __launch_bounds__(kTokenGroups* W* kWarpSize, kSplitMinBlocks)
       for (int k = 0; k < VEC; ++k) de[j][k] = rs * (g[j][k] - mean_g - xhat[j][k] * mean_gx);
     }
 #pragma unroll
+    // dword rows of words used once with streaming stores, as the zeros below (H100, fp16, forward +
+    // backward, A/B in one call: 16384 x 768 88.0-88.2 -> 86.6-86.9 us, this kernel 47.8 -> 46.6 us).
     for (int j = 0; j < NV; ++j) {
       const int c = col(j);
       if (word_row < 0) {
         V out;
 #pragma unroll
         for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>(de[j][k]);
-        out.store(dword + static_cast<size_t>(e.y) * C + c);
+        out.store_stream(dword + static_cast<size_t>(e.y) * C + c);
       } else {
         add_floats<VEC>(a.word_sums + static_cast<size_t>(word_row) * C + c, de[j]);
       }
@@ -1142,17 +1167,24 @@ __global__ void __launch_bounds__(kTokenGroups* W* kWarpSize, kSplitMinBlocks)
   }
 }
 
-// Rows y, y + rows_per_step, ... of the tables after the sorted backward, x of `threads` threads on
-// each row.
+// The rows of the tables after the sorted backward: slot y (of `slots`) converts rows
+// kRowsAtOnce * y + i, i < kRowsAtOnce, then the same rows kRowsAtOnce * slots further on, ..., x of
+// `threads` threads on each row; a thread's loads of all its rows are issued before their stores.
+// Rows of whole float4s are read as float4s, the last use of the sums. H100, fp16, forward +
+// backward, A/B in one call: scalar loads against float4s, a row a slot, 8192 x 768 56.6-56.8 ->
+// 56.2 us (this kernel 4.8 -> 4.5-4.6 us); two rows a slot against one (in a build where one row a
+// slot took 11.7 us at 16384 x 768, against 8.0-8.1 in the build before), 16384 x 768 88.2-88.8 ->
+// 85.4-85.8 us, 8192 x 768 56.2-56.6 -> 54.7-54.8 us, 16384 x 1024 118.4 -> 114.7 us.
+constexpr int kRowsAtOnce = 2;
+
 template <class T, int VEC>
 __device__ __forceinline__ void sorted_table_rows(const SortedTokens& s, const float* __restrict__ word_sums,
                                                   const float* __restrict__ small_sums, T* __restrict__ dword,
                                                   T* __restrict__ dposition, T* __restrict__ dtype, int positions,
-                                                  int C, int total, int x, int threads, int y, int rows_per_step) {
+                                                  int C, int total, int x, int threads, int y, int slots) {
   const int repeated = *s.repeated;
-  for (int row = y; row < total; row += rows_per_step) {
-    const float* from;
-    T* to;
+  // Row `row`'s float sums and the gradient row they become.
+  auto place = [&](int row, const float*& from, T*& to) {
     if (row < repeated) {
       const int2 pair = s.pairs[row];  // (word, the row of word_sums that sums it)
       from = word_sums + static_cast<size_t>(pair.y) * C;
@@ -1163,11 +1195,47 @@ __device__ __forceinline__ void sorted_table_rows(const SortedTokens& s, const f
       to = small < positions ? dposition + static_cast<size_t>(small) * C
                              : dtype + static_cast<size_t>(small - positions) * C;
     }
-    for (int c = x * VEC; c < C; c += threads * VEC) {
-      Vec<T, VEC> out;
+  };
+  constexpr int R = kRowsAtOnce;
+  constexpr bool kFloat4Vectors = VEC % 4 == 0;
+  const bool float4s = kFloat4Vectors && C % 4 == 0;
+  for (int first = R * y; first < total; first += R * slots) {
+    const float* from[R];
+    T* to[R];
+    const int rows = min(R, total - first);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>(from[c + k]);
-      out.store(to + c);
+    for (int i = 0; i < R; ++i) {
+      if (i < rows) place(first + i, from[i], to[i]);
+    }
+    for (int c = x * VEC; c < C; c += threads * VEC) {
+      float v[R][VEC];
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        if (i >= rows) continue;
+        if constexpr (kFloat4Vectors) {
+          if (float4s) {
+#pragma unroll
+            for (int q = 0; q < VEC / 4; ++q) {
+              const float4 f = __ldcs(reinterpret_cast<const float4*>(from[i] + c) + q);
+              v[i][4 * q] = f.x;
+              v[i][4 * q + 1] = f.y;
+              v[i][4 * q + 2] = f.z;
+              v[i][4 * q + 3] = f.w;
+            }
+            continue;
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) v[i][k] = from[i][c + k];
+      }
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        if (i >= rows) continue;
+        Vec<T, VEC> out;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) out.v[k] = from_float<T>(v[i][k]);
+        out.store(to[i] + c);
+      }
     }
   }
 }
@@ -1393,12 +1461,12 @@ bool backward_sorted(const BackwardArgs<T>& a, float* base, const WorkspaceLayou
     launch_after_prior(count_tokens_kernel, dim3(std::min(ceil_div(a.rows, 128), 16 * multiprocessors())), dim3(128), 0,
                        stream, l, a.rows, s);
   }
-  // At least a block an SM, for the zeroing.
-  launch_after_prior(order_tokens_kernel,
-                     dim3(std::max(std::min(ceil_div(a.rows, threads), 4 * multiprocessors()), multiprocessors())),
-                     dim3(threads), sizeof(int) * (l.positions + 1), stream, l, a.rows, s, a.word_sums, a.C,
+  // The scatter's blocks (a token a thread) and two blocks an SM sweeping the vocabulary.
+  const int token_blocks = std::min(ceil_div(a.rows, threads), 4 * multiprocessors());
+  launch_after_prior(order_tokens_kernel, dim3(token_blocks + 2 * multiprocessors()), dim3(threads),
+                     sizeof(int) * (l.positions + 1), stream, l, a.rows, s, a.word_sums, a.C,
                      reinterpret_cast<float4*>(a.small_sums),
-                     static_cast<int>((layout.word_sums - layout.small_sums) / 4));
+                     static_cast<int>((layout.word_sums - layout.small_sums) / 4), token_blocks);
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
   int blocks = 0;
   if constexpr (sizeof(T) == 2) {
@@ -1468,7 +1536,8 @@ bool backward_sorted(const BackwardArgs<T>& a, float* base, const WorkspaceLayou
     const int table_rows = std::min(a.rows / 2, l.vocab) + l.positions + l.types;
     const int row_threads = TableLaunch(a.C, VEC, table_rows).block.x;
     const int tiles = ceil_div(a.C, kGradientColumns);
-    const int row_blocks = std::min(ceil_div(table_rows, kGradientThreads / row_threads), 32 * multiprocessors());
+    const int row_blocks =
+        std::min(ceil_div(table_rows, kRowsAtOnce * (kGradientThreads / row_threads)), 32 * multiprocessors());
     launch_after_prior(sorted_gradients_kernel<T, VEC>, dim3(tiles + row_blocks), dim3(kGradientThreads), 0, stream, s,
                        a.word_sums, a.small_sums, dword, dposition, dtype, l.positions, l.types, a.C, a.partial, blocks,
                        ParameterGradients<T, 2>{{dgamma, dbeta}}, row_threads);
