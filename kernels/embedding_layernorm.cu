@@ -665,9 +665,10 @@ __device__ __forceinline__ void order_tokens(const Lookup& lookup, int rows, con
 // token's) zeroed, and the words listed for sorted_gradients_kernel, a place in the list for the
 // warp's words taken with one atomic; then the position and type float sums zeroed. (The list is
 // built here rather than by the counting, where each word's second token would wait for the
-// counter. The counter starts from zero only after the counters' zeroing: the counts serve one
-// backward, embedding_layernorm.h. The sweep reads second[] of every word, written only for words
-// used more than once: the others' values go unused.) H100, fp16, forward + backward, A/B in one
+// counter. The counter starts from zero only after the counters' zeroing: a second backward on the
+// forward's counts (embedding_layernorm.h) appends the same words again after the first list, and
+// only the list's first vocab places are written and read. The sweep reads second[] of every word,
+// written only for words used more than once: the others' values go unused.) H100, fp16, forward + backward, A/B in one
 // call: with the sweep done by every block after its tokens, 8192 x 768 56.6-56.8 -> 55.1-55.2 us
 // (this kernel 5.3 -> 3.8 us); with two sweep blocks an SM against one, 16384 x 768 85.8-86.1 ->
 // 85.2-85.4 us. Tried and dropped: the sweep also zeroing the dword rows of unused words (the row
@@ -700,7 +701,7 @@ __global__ void order_tokens_kernel(Lookup lookup, int rows, SortedTokens s, flo
       zero_floats(word_sums + static_cast<size_t>(__shfl_sync(0xffffffffu, row, l)) * C, C, lane, kWarpSize);
     }
     at = __shfl_sync(0xffffffffu, at, 0) + __popc(repeated & ((1u << lane) - 1));
-    if (many) s.pairs[at] = make_int2(word, row);
+    if (many && at < lookup.vocab) s.pairs[at] = make_int2(word, row);
   }
   // Whole float4s: the position and type rows are C floats each.
   for (int i = block * blockDim.x + threadIdx.x; i < small_float4s; i += blocks * blockDim.x)
@@ -1186,8 +1187,9 @@ template <class T, int VEC>
 __device__ __forceinline__ void sorted_table_rows(const SortedTokens& s, const float* __restrict__ word_sums,
                                                   const float* __restrict__ small_sums, T* __restrict__ dword,
                                                   T* __restrict__ dposition, T* __restrict__ dtype, int positions,
-                                                  int C, int total, int x, int threads, int y, int slots) {
-  const int repeated = *s.repeated;
+                                                  int types, int C, int vocab, int x, int threads, int y, int slots) {
+  // At most vocab places of the list: after a backward on the same counts the counter holds more.
+  const int repeated = min(*s.repeated, vocab), total = repeated + positions + types;
   // Row `row`'s float sums and the gradient row they become.
   auto place = [&](int row, const float*& from, T*& to) {
     if (row < repeated) {
@@ -1255,7 +1257,7 @@ __global__ void __launch_bounds__(kGradientThreads)
     sorted_gradients_kernel(const SortedTokens s, const float* __restrict__ word_sums,
                             const float* __restrict__ small_sums, T* __restrict__ dword, T* __restrict__ dposition,
                             T* __restrict__ dtype, int positions, int types, int C, const float* __restrict__ partial,
-                            int parts, ParameterGradients<T, 2> parameters, int row_threads) {
+                            int parts, ParameterGradients<T, 2> parameters, int row_threads, int vocab) {
   wait_for_prior_grid();  // the sums and the partial rows: launch_after_prior
   const int tiles = ceil_div(C, kGradientColumns);
   if (static_cast<int>(blockIdx.x) < tiles) {
@@ -1264,9 +1266,9 @@ __global__ void __launch_bounds__(kGradientThreads)
   }
   const int rows_per_block = kGradientThreads / row_threads, y = threadIdx.x / row_threads;
   if (y >= rows_per_block) return;
-  sorted_table_rows<T, VEC>(s, word_sums, small_sums, dword, dposition, dtype, positions, C,
-                            *s.repeated + positions + types, threadIdx.x % row_threads, row_threads,
-                            (blockIdx.x - tiles) * rows_per_block + y, (gridDim.x - tiles) * rows_per_block);
+  sorted_table_rows<T, VEC>(s, word_sums, small_sums, dword, dposition, dtype, positions, types, C, vocab,
+                            threadIdx.x % row_threads, row_threads, (blockIdx.x - tiles) * rows_per_block + y,
+                            (gridDim.x - tiles) * rows_per_block);
 }
 
 template <class T>
@@ -1545,7 +1547,7 @@ bool backward_sorted(const BackwardArgs<T>& a, float* base, const WorkspaceLayou
         std::min(ceil_div(table_rows, kRowsAtOnce * (kGradientThreads / row_threads)), 32 * multiprocessors());
     launch_after_prior(sorted_gradients_kernel<T, VEC>, dim3(tiles + row_blocks), dim3(kGradientThreads), 0, stream, s,
                        a.word_sums, a.small_sums, dword, dposition, dtype, l.positions, l.types, a.C, a.partial, blocks,
-                       ParameterGradients<T, 2>{{dgamma, dbeta}}, row_threads);
+                       ParameterGradients<T, 2>{{dgamma, dbeta}}, row_threads, l.vocab);
   });
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
   return true;

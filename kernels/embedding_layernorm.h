@@ -84,9 +84,8 @@ struct EmbeddingLayerNormBackwardTensors {
   void* dgamma = nullptr;       // [H]
   void* dbeta = nullptr;        // [H]
   // The forward was given this backward's workspace (backward_workspace) with the same ids and
-  // sizes, and it is untouched since: its counts are used. Otherwise the backward counts the ids.
-  // The counts serve one backward: a second backward after the same forward must not set this (it
-  // would extend the backward's list of repeated words past its end).
+  // sizes, and nothing but backwards has used it since: its counts are used (by this backward and
+  // any more on the same forward). Otherwise the backward counts the ids.
   bool ids_counted = false;
 };
 
