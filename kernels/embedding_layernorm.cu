@@ -668,12 +668,12 @@ __device__ __forceinline__ void order_tokens(const Lookup& lookup, int rows, con
 // counter. The counter starts from zero only after the counters' zeroing: a second backward on the
 // forward's counts (embedding_layernorm.h) appends the same words again after the first list, and
 // only the list's first vocab places are written and read. The sweep reads second[] of every word,
-// written only for words used more than once: the others' values go unused.) H100, fp16, forward + backward, A/B in one
-// call: with the sweep done by every block after its tokens, 8192 x 768 56.6-56.8 -> 55.1-55.2 us
-// (this kernel 5.3 -> 3.8 us); with two sweep blocks an SM against one, 16384 x 768 85.8-86.1 ->
-// 85.2-85.4 us. Tried and dropped: the sweep also zeroing the dword rows of unused words (the row
-// kernel no longer zeroing them): this kernel took 15-18 us and the row kernel lost only 7-9
-// (8192 x 768 54.9 -> 58.0-62.1 us, 16384 x 768 86.4 -> 90.8-91.0).
+// written only for words used more than once: the others' values go unused.) H100, fp16, forward +
+// backward, A/B in one call: against the sweep done by every block after its tokens, 8192 x 768
+// 56.6-56.8 -> 55.1-55.2 us (this kernel 5.3 -> 3.8 us); two sweep blocks an SM against one,
+// 16384 x 768 85.8-86.1 -> 85.2-85.4 us. Tried and dropped: the sweep also zeroing the dword rows of unused words (the
+// row kernel no longer zeroing them): this kernel took 15-18 us and the row kernel lost only 7-9 (8192 x 768 54.9
+// -> 58.0-62.1 us, 16384 x 768 86.4 -> 90.8-91.0).
 __global__ void order_tokens_kernel(Lookup lookup, int rows, SortedTokens s, float* __restrict__ word_sums, int C,
                                     float4* __restrict__ small_sums, int small_float4s, int token_blocks) {
   if (static_cast<int>(blockIdx.x) < token_blocks) {
@@ -1028,7 +1028,7 @@ __global__ void __launch_bounds__(kTokenGroups* W* kWarpSize, kSplitMinBlocks)
       // would otherwise push out of L2 the float sums of the repeated words that the tables kernel
       // reads next (H100, fp16, forward + backward, A/B in one call: 16384 x 768 87.8-88.1 ->
       // 86.2-86.7 us, 8192 x 768 55.4-55.7 -> 55.0 us). Asking L2 to keep those sums (an
-      // evict-last policy on their zeroing and their atomics) was slower: 88.1-88.4 and 56.1-56.3.
+      // evict-last policy on their zeroing and their atomics) was slower: 88.0-88.4 and 56.1-56.3.
       w[j] = V::load_stream(a.tables.word + static_cast<size_t>(e.y) * C + c);
       p[j] = V::load(a.tables.position + static_cast<size_t>(e.z) * C + c);
       ty[j] = V::load(a.tables.type + static_cast<size_t>(e.w) * C + c);
