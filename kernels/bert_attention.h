@@ -18,7 +18,8 @@
 //   qkv, dqkv  [batch, seq, 3, heads, head_dim], as BERT's fused QKV projection writes it;
 //   out, dout  [batch, seq, heads * head_dim], what the output projection reads (no transpose);
 //   valid_lengths int32 [batch] on the device;  lse float [batch, heads, seq];
-//   workspace  float [batch, heads, seq] (D, written by the backward's first kernel).
+//   workspace  float [batch, heads, seq] (D, written by the two-kernel backward's first kernel; the
+//              block-per-head backward does not use it).
 // head_dim 32, 64 or 128; seq >= 1 (any length: tiles past the end are zero-padded); scale a
 // positive normal finite float (usually 1 / sqrt(head_dim)). Pointers to qkv, out, dout and dqkv
 // must be 16-byte aligned.
@@ -28,11 +29,14 @@
 // time (K and V double-buffered with cp.async) with an online softmax; the scores, P (dropout
 // applied in registers) and the O accumulator stay in mma fragments, and P becomes the left operand
 // of P V without leaving registers, so neither S nor P reaches shared or global memory. The
-// backward avoids atomics: a first kernel per (sequence, head, 64 queries) computes D and dQ
-// (walking the key tiles), a second per (sequence, head, 64 keys) computes dK and dV (walking the
-// query tiles) with the keys as rows: S^T = K Q^T and dP^T = V dO^T, so P^T and dS^T are the left
-// operands of dV and dK in registers too. Both recompute P from lse and regenerate the dropout mask,
-// so the scores are computed twice in the backward instead of stored.
+// backward avoids atomics. Where seq <= 128 and head_dim <= 64 (BERT's usual shapes) it is one
+// kernel with a block per (sequence, head) holding the whole head in shared memory: its warps own
+// 16 keys each as rows (S^T = K Q^T and dP^T = V dO^T, so P^T and dS^T are the left operands of dV
+// and dK in registers), write dS^T to shared memory, and after a barrier own 16 queries each for
+// dQ = dS K; the scores are computed once. Otherwise a first kernel per (sequence, head, 64
+// queries) computes D and dQ (walking the key tiles), and a second per (sequence, head, 64 keys)
+// computes dK and dV (walking the query tiles) as above, so the scores are computed twice. Every
+// kernel recomputes P from lse and regenerates the dropout mask instead of storing them.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,9 +1,9 @@
 // BERT attention forward and backward against the float64 reference, on fresh random inputs with
 // every output (out, lse, dqkv and the backward's workspace) poisoned (NaN) before the run: fp16 and
-// bf16; head dims 32, 64 and 128; sequences of 1, 77, 130, 333 and 512 tokens (tail tiles, several
-// key and query tiles); per-sequence valid lengths with one sequence fully valid and one with no
-// valid key at all; dropout p = 0 and p = 0.1, the reference applying the same Philox mask,
-// regenerated on the host from kernels/philox.cuh.
+// bf16; head dims 32, 64 and 128; sequences of 1, 50, 64, 65, 77, 100, 128, 130, 333 and 512 tokens
+// (tail tiles, several key and query tiles, both backward paths); per-sequence valid lengths with
+// one sequence fully valid and one with no valid key at all; dropout p = 0 and p = 0.1, the
+// reference applying the same Philox mask, regenerated on the host from kernels/philox.cuh.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -172,6 +172,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(DType::f16, DType::bf16),
                        ::testing::Values(Case{2, 2, 1, 64, 0.f}, Case{2, 2, 1, 32, 0.1f}, Case{3, 2, 77, 32, 0.f},
                                          Case{3, 2, 77, 64, 0.1f}, Case{3, 1, 77, 128, 0.1f}, Case{4, 3, 130, 64, 0.1f},
+                                         // The block-per-head backward (seq <= 128, head_dim <= 64):
+                                         // its 4-warp (seq <= 64) and 8-warp blocks, full and partial.
+                                         Case{3, 2, 128, 64, 0.1f}, Case{3, 2, 100, 32, 0.1f}, Case{3, 2, 64, 64, 0.f},
+                                         Case{4, 2, 50, 32, 0.1f}, Case{3, 2, 128, 32, 0.f}, Case{2, 3, 65, 64, 0.1f},
                                          Case{3, 2, 333, 64, 0.f}, Case{3, 1, 333, 128, 0.1f},
                                          Case{2, 1, 333, 32, 0.1f}, Case{2, 1, 512, 64, 0.1f}, Case{2, 1, 512, 32, 0.f},
                                          Case{2, 1, 512, 128, 0.f},
