@@ -588,17 +588,16 @@ __global__ void embedding_layernorm_backward_looping_kernel(const BackwardArgs<T
 
 // ---- The sorted backward (a block per row, position tables of up to kMaxSortedPositions rows)
 
-// Zeroes n float4s with the whole grid.
-__device__ __forceinline__ void zero_float4s(float4* __restrict__ to, int n) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    to[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+// Zeroes n float4s: thread `thread` of `threads` takes every threads-th from its own.
+__device__ __forceinline__ void zero_float4s(float4* __restrict__ to, int n, int thread, int threads) {
+  for (int i = thread; i < n; i += threads) to[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
 // Zeroes n float4s: the sorted backward's counters. A kernel rather than a memset, so that it, and
 // the counting kernel (or forward) after it, launch as programmatic dependents.
 __global__ void zero_float4s_kernel(float4* __restrict__ to, int n) {
   wait_for_prior_grid();  // the kernel before may still read this workspace: launch_after_prior
-  zero_float4s(to, n);
+  zero_float4s(to, n, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
 }
 
 // A thread a token: count_token.
@@ -704,8 +703,7 @@ __global__ void order_tokens_kernel(Lookup lookup, int rows, SortedTokens s, flo
     if (many && at < lookup.vocab) s.pairs[at] = make_int2(word, row);
   }
   // Whole float4s: the position and type rows are C floats each.
-  for (int i = block * blockDim.x + threadIdx.x; i < small_float4s; i += blocks * blockDim.x)
-    small_sums[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  zero_float4s(small_sums, small_float4s, block * blockDim.x + threadIdx.x, blocks * blockDim.x);
 }
 
 // G row groups of TPR threads, one vector a thread, over a run of `per_block` consecutive entries
