@@ -1,8 +1,9 @@
 // BERT attention forward and backward (see bert_attention.h for the math and the layouts).
 //
-// Design (FlashAttention-2 on mma.sync, kernels/mma_fragments.cuh): every kernel runs 128 threads
-// (4 warps) per block over tiles of 64 rows, warp w owning rows 16w .. 16w + 15 of the block's own
-// tile (queries in the forward and dQ kernels, keys in the dK/dV kernel). Scores, probabilities,
+// Design (FlashAttention-2 on mma.sync, kernels/mma_fragments.cuh): the forward, dQ and dK/dV kernels
+// run 128 threads (4 warps) per block over tiles of 64 rows, warp w owning rows 16w .. 16w + 15 of
+// the block's own tile (queries in the forward and dQ kernels, keys in the dK/dV kernel); the
+// block-per-head backward runs 4 or 8 warps over one tile of 64 or 128 rows. Scores, probabilities,
 // their gradients and every accumulator (O, dQ, dK, dV) stay in mma fragments: lane 4g + t holds
 // rows g and g + 8 of its warp's 16 at columns 8n + 2t, 2t + 1 of each 8-column tile n, and a
 // product's scores become the next product's left operand without leaving registers. Shared

@@ -1,5 +1,6 @@
-// BERT's attention core as one fused kernel forward and two fused kernels backward: scaled scores,
-// key-padding mask, softmax, dropout on the probabilities, and the product with V.
+// BERT's attention core as one fused kernel forward and one (seq <= 128, head_dim <= 64) or two fused
+// kernels backward: scaled scores, key-padding mask, softmax, dropout on the probabilities, and the
+// product with V.
 //
 // Per sequence b, head h, query i, key j (L = valid_lengths[b], clamped to [0, seq]):
 //   S[i,j] = scale * q_i . k_j          for j < L; keys j >= L are masked (they get weight 0)

@@ -2,8 +2,9 @@
 // every output (out, lse, dqkv and the backward's workspace) poisoned (NaN) before the run: fp16 and
 // bf16; head dims 32, 64 and 128; sequences of 1, 50, 64, 65, 77, 100, 128, 130, 333 and 512 tokens
 // (tail tiles, several key and query tiles, both backward paths); per-sequence valid lengths with
-// one sequence fully valid and one with no valid key at all; dropout p = 0 and p = 0.1, the
-// reference applying the same Philox mask, regenerated on the host from kernels/philox.cuh.
+// one sequence fully valid, one with no valid key at all, lengths at the tiles' edges and lengths
+// the kernels clamp (past seq, negative); dropout p = 0, 0.1 and 0.9, the reference applying the
+// same Philox mask, regenerated on the host from kernels/philox.cuh; scores at 4x the usual scale.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -84,11 +85,18 @@ TEST_P(BertAttentionTest, ForwardAndBackwardMatchFloat64Reference) {
   std::normal_distribution<double> normal(0.0, 1.0);
   const BertAttentionDropout dropout{c.p, rng(), rng() % 1000};
 
-  // Sequence 0 fully valid, sequence 1 (where there is one) with no valid key, the others random.
-  std::vector<int> valid(c.batch);
+  // Sequence 0 fully valid, sequence 1 (where there is one) with no valid key, sequence 2 random;
+  // from sequence 3 on, as far as the batch reaches, lengths at the edges of the 16-key steps and
+  // the 64-row tiles (1, 16, 64, 65, seq - 1) and two that the kernels clamp (seq + 7 to seq, -3 to
+  // 0), then random ones. The reference clamps as the kernels do; `valid` holds the clamped values.
+  std::vector<int> given(c.batch), valid(c.batch);
   std::uniform_int_distribution<int> length(1, c.seq);
-  for (int b = 0; b < c.batch; ++b) valid[b] = b == 0 ? c.seq : b == 1 ? 0 : length(rng);
-  const std::vector<int32_t> valid32(valid.begin(), valid.end());
+  const int edges[] = {1, 16, 64, 65, c.seq - 1, c.seq + 7, -3};
+  for (int b = 0; b < c.batch; ++b) {
+    given[b] = b == 0 ? c.seq : b == 1 ? 0 : b >= 3 && b - 3 < 7 ? edges[b - 3] : length(rng);
+    valid[b] = std::clamp(given[b], 0, c.seq);
+  }
+  const std::vector<int32_t> valid32(given.begin(), given.end());
 
   std::vector<double> qkv(qkv_count), dout(out_count);
   for (auto& v : qkv) v = normal(rng);
@@ -115,15 +123,15 @@ TEST_P(BertAttentionTest, ForwardAndBackwardMatchFloat64Reference) {
 
   const std::vector<double> m =
       reference::bert_attention_dropout_multipliers(sizes, dropout.p, dropout.seed, dropout.offset);
-  const auto ref = reference::bert_attention_forward(qkv, valid, m, sizes, scale);
-  const auto dqkv_ref = reference::bert_attention_backward(qkv, valid, m, dout, sizes, scale);
+  const auto ref = reference::bert_attention_forward(qkv, given, m, sizes, scale);
+  const auto dqkv_ref = reference::bert_attention_backward(qkv, given, m, dout, sizes, scale);
 
   EXPECT_LT(relative_error(out, ref.out), storage_tolerance(ref.out, dtype)) << "out";
   // lse is float, from scores of stored inputs with float accumulation: float's bound.
   EXPECT_LT(relative_error(lse, ref.lse), tolerance(DType::f32)) << "lse";
   // The gradients' bound allows for the rounding of the stored O that D is taken from (see
   // gradient_bound): the reference that takes D from that O measures it.
-  const auto dqkv_stored_o = reference::bert_attention_backward(qkv, valid, m, dout, sizes, scale, out);
+  const auto dqkv_stored_o = reference::bert_attention_backward(qkv, given, m, dout, sizes, scale, out);
   EXPECT_LT(relative_error(dqkv, dqkv_ref), gradient_bound(dqkv_ref, dqkv_stored_o, dtype)) << "dqkv";
   // Each part of dqkv on its own, so that a wrong dq, dk or dv shows by name.
   const char* names[3] = {"dq", "dk", "dv"};
@@ -155,7 +163,7 @@ TEST_P(BertAttentionTest, ForwardAndBackwardMatchFloat64Reference) {
 
   // The test can see the mask: with p > 0 the reference without dropout is far off.
   if (c.p > 0.f && valid[0] > 1) {
-    const auto undropped = reference::bert_attention_forward(qkv, valid, {}, sizes, scale);
+    const auto undropped = reference::bert_attention_forward(qkv, given, {}, sizes, scale);
     EXPECT_GT(relative_error(undropped.out, ref.out), 10 * storage_tolerance(ref.out, dtype));
   }
 }
@@ -176,12 +184,16 @@ INSTANTIATE_TEST_SUITE_P(
                                          // its 4-warp (seq <= 64) and 8-warp blocks, full and partial.
                                          Case{3, 2, 128, 64, 0.1f}, Case{3, 2, 100, 32, 0.1f}, Case{3, 2, 64, 64, 0.f},
                                          Case{4, 2, 50, 32, 0.1f}, Case{3, 2, 128, 32, 0.f}, Case{2, 3, 65, 64, 0.1f},
-                                         Case{3, 2, 333, 64, 0.f}, Case{3, 1, 333, 128, 0.1f},
-                                         Case{2, 1, 333, 32, 0.1f}, Case{2, 1, 512, 64, 0.1f}, Case{2, 1, 512, 32, 0.f},
-                                         Case{2, 1, 512, 128, 0.f},
+                                         Case{3, 2, 50, 64, 0.1f}, Case{3, 2, 50, 32, 0.f},
+                                         // Every edge length (see the test), on both backward paths.
+                                         Case{10, 2, 100, 32, 0.1f}, Case{10, 1, 128, 64, 0.f},
+                                         Case{10, 1, 333, 64, 0.1f}, Case{3, 2, 333, 64, 0.f},
+                                         Case{3, 1, 333, 128, 0.1f}, Case{2, 1, 333, 32, 0.1f},
+                                         Case{2, 1, 512, 64, 0.1f}, Case{2, 1, 512, 32, 0.f}, Case{2, 1, 512, 128, 0.f},
                                          // Most elements dropped (1 / (1 - p) = 10), and
                                          // scores 4x the usual scale (a peaked softmax).
-                                         Case{2, 2, 77, 64, 0.9f}, Case{3, 2, 130, 64, 0.1f, 4.0})),
+                                         Case{2, 2, 77, 64, 0.9f}, Case{3, 2, 130, 64, 0.1f, 4.0},
+                                         Case{4, 2, 128, 64, 0.1f, 4.0})),
     case_name);
 
 TEST(BertAttentionErrors, UnsupportedShapesDtypesAndProbabilitiesAreOneClearError) {
