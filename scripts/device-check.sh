@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The calls on the GPU machine: build everything (libtorch targets included), then the stages named
 # on the command line (default: all of them), and a short table last.
-#   tests      every test, GPU ones one at a time
-#   sanitize   compute-sanitizer memcheck and racecheck on the operators' GPU tests (small shapes)
-#   overhead   the tracer's cost per kernel launch, and a PyTorch loop traced from outside
-#   suite      the main job (scripts/run.sh): the operator suite with its peers, and its reports
+#   tests       the CPU tests, and the GPU test programs labelled gpu one at a time (one call)
+#   tests-long  the GPU test programs' long cases (ctest label long), one at a time (a second call)
+#   sanitize    compute-sanitizer memcheck and racecheck on the operators' GPU tests (small shapes)
+#   overhead    the tracer's cost per kernel launch, and a PyTorch loop traced from outside
+#   suite       the main job (scripts/run.sh): the operator suite with its peers, and its reports
+# tests and tests-long are sized for one 10-minute call each on the H100, once the build is done
+# (the long cases were chosen by their sizes; the summary names the slowest programs of each).
 # Needs .deps/ from scripts/device-deps.sh. Writes logs, stores and reports under $OUT (or out/device).
 # FUSEKIT_TARGETS="fusekit" builds only the CLI (enough for the suite stage; about half the build).
 set -uo pipefail
@@ -14,7 +17,7 @@ mkdir -p "$OUT"
 export BUILD_DIR="$ROOT/build-device"
 cd "$ROOT"
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(tests sanitize overhead suite)
+[ ${#stages[@]} -gt 0 ] || stages=(tests tests-long sanitize overhead suite)
 want() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 summary=()
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader || true
@@ -25,27 +28,42 @@ build_rc=$?
 summary+=("build: rc $build_rc in $((SECONDS - start)) s")
 [ $build_rc = 0 ] || { grep -B2 -A12 -E "error|Error" "$OUT/build.log" | head -80; exit 1; }
 
+# Runs the GPU test programs of one ctest label (an anchored regex: ^gpu$ or ^long$), one at a time
+# so that no two programs' kernels share the GPU, into a log; FUSEKIT_TESTS="window|bert" keeps only
+# the programs whose ctest names match (a regex). A ctest test is a whole program (or its long cases),
+# so the counts below are of programs. Prints the failures and adds a line to the summary.
+run_gpu_tests() {
+  local stage="$1" label="$2" timeout="$3" log="$4" start=$SECONDS rc
+  (cd "$BUILD_DIR" && ctest --output-on-failure -j 1 -L "$label" ${FUSEKIT_TESTS:+-R "$FUSEKIT_TESTS"} \
+    --timeout "$timeout") >"$log" 2>&1
+  rc=$?
+  local results passed skipped failed slowest
+  results="$(grep -E '^ *[0-9]+/[0-9]+ Test +#[0-9]+: ' "$log")"
+  passed=$(grep -c ' Passed ' <<<"$results")
+  skipped=$(grep -c '\*\*\*Skipped' <<<"$results")
+  failed=$(($(grep -c . <<<"$results") - passed - skipped))
+  slowest="$(grep ' Passed ' <<<"$results" | sed -E 's/.*Test +#[0-9]+: ([^ ]+) .* ([0-9.]+) sec$/\2 s \1/' |
+    sort -rn | head -3 | tr '\n' ',' | sed 's/,$//; s/,/, /g')"
+  grep -E '\*\*\*(Failed|Timeout|Exception)|Not Run' <<<"$results"
+  grep -B5 -A25 -E "\[  FAILED  \]" "$log" | grep -E "Failure|Expected|Which is|error|FAILED|  Actual|value of" | head -60
+  summary+=("$stage: rc $rc in $((SECONDS - start)) s: programs $passed passed, $failed failed, $skipped skipped${slowest:+ (slowest: $slowest)}")
+  return $rc
+}
+
 if want tests; then
   start=$SECONDS
-  # CPU tests in parallel; GPU tests one at a time, so no test's kernels share the GPU with another's.
-  # FUSEKIT_TESTS="window|bert" runs only the GPU test programs whose names match (a regex), each
-  # as a whole (all of them take longer than one call on the GPU machine allows).
-  if [ -n "${FUSEKIT_TESTS:-}" ]; then
-    (cd "$BUILD_DIR" && ctest --output-on-failure -j 8 -LE gpu --timeout 300) >"$OUT/ctest.log" 2>&1
-    tests_rc=$?
-    for test in "$BUILD_DIR"/tests/gpu/*_test; do
-      [[ "$(basename "$test")" =~ $FUSEKIT_TESTS ]] || continue
-      timeout 300 "$test" --gtest_brief=1 >>"$OUT/ctest.log" 2>&1 || tests_rc=1
-      echo "$(basename "$test"): $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/ctest.log" | tail -1)"
-    done
-  else
-    (cd "$BUILD_DIR" && ctest --output-on-failure -j 8 -LE gpu --timeout 300 &&
-      ctest --output-on-failure -j 1 -L gpu --timeout 300) >"$OUT/ctest.log" 2>&1
-    tests_rc=$?
-  fi
-  grep -E "Failed|\*\*\*|Not Run" "$OUT/ctest.log" | head -40
-  grep -B5 -A25 -E "\[  FAILED  \]" "$OUT/ctest.log" | grep -E "Failure|Expected|Which is|error|FAILED|  Actual|value of" | head -60
-  summary+=("tests: rc $tests_rc in $((SECONDS - start)) s: $(grep -E 'tests passed' "$OUT/ctest.log" | tr '\n' ' ')")
+  # CPU tests in parallel (every test labelled neither gpu nor long).
+  (cd "$BUILD_DIR" && ctest --output-on-failure -j 8 -LE 'gpu|long' --timeout 300) >"$OUT/ctest-cpu.log" 2>&1
+  cpu_rc=$?
+  grep -E "Failed|\*\*\*|Not Run" "$OUT/ctest-cpu.log" | head -40
+  summary+=("cpu tests: rc $cpu_rc in $((SECONDS - start)) s: $(grep -E 'tests passed' "$OUT/ctest-cpu.log" | tr '\n' ' ')")
+  # The quick GPU tests: each program whole but for its long cases.
+  run_gpu_tests tests '^gpu$' 300 "$OUT/ctest-gpu.log"
+fi
+
+if want tests-long; then
+  # The long cases (tests/gpu/CMakeLists.txt lists them), in a call of their own.
+  run_gpu_tests tests-long '^long$' 540 "$OUT/ctest-long.log"
 fi
 
 if want sanitize; then
