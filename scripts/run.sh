@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs the main job: benchmarks and traces the operator suite (with PyTorch eager
 # and torch.compile as peers where python3 has torch) into out/fusekit.db and writes its reports.
-# Without a GPU it says so and renders the report of the shipped evidence.
+# Without a GPU it says so and renders the reports of the shipped evidence (evidence/<gpu>/).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup.sh"
@@ -11,21 +11,24 @@ OUT_DIR="${OUT_DIR:-out}"
 mkdir -p "$OUT_DIR"
 
 if ! nvidia-smi -L >/dev/null 2>&1; then
+  # evidence/<gpu>/ holds the newest store of each suite (.db, or .db.xz as scripts/compact_store.py
+  # writes them): each is rendered as HTML, Markdown and CSV, with one line said about it.
   echo "fusekit: no GPU on this machine: rendering the shipped evidence instead of measuring"
   found=0
   for db in "$ROOT"/evidence/*/*.db "$ROOT"/evidence/*/*.db.xz; do
     [ -e "$db" ] || continue
     found=1
+    source_path="${db#"$ROOT"/}"
     name="$(basename "$(dirname "$db")")-$(basename "${db%.xz}" .db)"
-    if [[ "$db" == *.xz ]]; then  # the suite stores ship compressed (scripts/compact_store.py)
-      command -v xz >/dev/null || { echo "fusekit: xz is missing: skipping $db"; continue; }
+    if [[ "$db" == *.xz ]]; then
+      command -v xz >/dev/null || { echo "fusekit: xz is missing: skipping $source_path"; continue; }
       xz -dc "$db" >"$OUT_DIR/$name.db"
       db="$OUT_DIR/$name.db"
     fi
-    "$FUSEKIT" summary --db "$db" --top 15
-    "$FUSEKIT" report --db "$db" --format html -o "$OUT_DIR/$name.html"
-    "$FUSEKIT" report --db "$db" --format md -o "$OUT_DIR/$name.md"
-    echo "fusekit: wrote $OUT_DIR/$name.html and $OUT_DIR/$name.md"
+    for format in html md csv; do
+      "$FUSEKIT" report --db "$db" --format "$format" -o "$OUT_DIR/$name.$format" >/dev/null
+    done
+    echo "fusekit: $source_path -> $OUT_DIR/$name.html, .md, .csv"
   done
   [ "$found" = 1 ] || echo "fusekit: no evidence store found under evidence/"
   exit 0
