@@ -14,13 +14,34 @@ bool baselines_available() {
 #endif
 }
 
+// The registry: every operator, in suite order (the order a suite's cases run in), named by its
+// file suites/ops/<op>.cpp, which defines <op>_op(). Swin's window partition, merge and patch
+// merging share suites/ops/swin_window.cpp. Adding an operator adds one entry here (CMake finds
+// its files in their folders); the suites and the peers' listing (fusekit cases) follow from it.
+#define FUSEKIT_OPERATORS(X)         \
+  X(layernorm)                       \
+  X(bias_gelu)                       \
+  X(softmax)                         \
+  X(bias_dropout_residual_layernorm) \
+  X(cross_entropy)                   \
+  X(adamw)                           \
+  X(linear)                          \
+  X(embedding_layernorm)             \
+  X(window_partition)                \
+  X(window_merge)                    \
+  X(patch_merging)                   \
+  X(window_attention)                \
+  X(qkv_projection)                  \
+  X(bert_attention)
+
+#define FUSEKIT_DECLARE_OPERATOR(name) OpDefinition name##_op();
+FUSEKIT_OPERATORS(FUSEKIT_DECLARE_OPERATOR)
+#undef FUSEKIT_DECLARE_OPERATOR
+
 const std::vector<OpDefinition>& ops() {
-  static const std::vector<OpDefinition> all = {
-      layernorm_op(),        bias_gelu_op(),      softmax_op(),       bias_dropout_residual_layernorm_op(),
-      cross_entropy_op(),    adamw_op(),          linear_op(),        embedding_layernorm_op(),
-      window_partition_op(), window_merge_op(),   patch_merging_op(), window_attention_op(),
-      qkv_projection_op(),   bert_attention_op(),
-  };
+#define FUSEKIT_DEFINE_OPERATOR(name) name##_op(),
+  static const std::vector<OpDefinition> all = {FUSEKIT_OPERATORS(FUSEKIT_DEFINE_OPERATOR)};
+#undef FUSEKIT_DEFINE_OPERATOR
   return all;
 }
 

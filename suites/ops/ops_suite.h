@@ -2,7 +2,8 @@
 // forward + backward, fp16 and bf16, fused and baseline. Or one operator at one shape and dtype.
 //
 // Each operator lives in its own file (suites/ops/<op>.cpp) and describes itself with an
-// OpDefinition; ops_suite.cpp lists them.
+// OpDefinition returned by its <op>_op(); the registry in ops_suite.cpp, FUSEKIT_OPERATORS, lists
+// them once.
 #pragma once
 
 #include <functional>
@@ -60,23 +61,5 @@ reports::CaseInfo make_case_info(const std::string& op, const std::string& shape
 
 // Whether the libtorch baselines were built in.
 bool baselines_available();
-
-// One definition per operator file.
-OpDefinition layernorm_op();
-OpDefinition bias_gelu_op();
-OpDefinition softmax_op();
-OpDefinition bias_dropout_residual_layernorm_op();
-OpDefinition adamw_op();
-OpDefinition cross_entropy_op();
-OpDefinition linear_op();
-OpDefinition embedding_layernorm_op();
-// The attention suite: Swin's window operations (suites/ops/swin_window.cpp).
-OpDefinition window_partition_op();
-OpDefinition window_merge_op();
-OpDefinition patch_merging_op();
-OpDefinition window_attention_op();
-OpDefinition qkv_projection_op();
-// The attention suite: BERT's attention core (suites/ops/bert_attention.cpp).
-OpDefinition bert_attention_op();
 
 }  // namespace fusekit::suites
