@@ -233,9 +233,9 @@ int bench(const BenchOptions& o) {
         std::vector<std::string> timed_args = peer_args;
         timed_args.insert(timed_args.end(), {"--results", files.results_path()});
         int code = run_child(o.db, run, timed_args, 1000, false);
+        const size_t recorded = files.record_results(store, run, code != 0);  // kept if the script failed later
+        std::fprintf(stderr, "fusekit: recorded %zu peer results\n", recorded);
         if (code == 0) {
-          const size_t recorded = files.record_results(store, run);
-          std::fprintf(stderr, "fusekit: recorded %zu peer results\n", recorded);
           std::fprintf(stderr, "fusekit: tracing the peers: python3 %s --traced-only\n", o.peers.c_str());
           peer_args.push_back("--traced-only");
           code = run_child(o.db, run, peer_args, 1000, true);

@@ -293,11 +293,17 @@ PeerFiles::~PeerFiles() {
   rmdir(folder_.c_str());
 }
 
-size_t PeerFiles::record_results(reports::Store& store, int64_t run) const {
-  if (access(results_path_.c_str(), F_OK) != 0) throw std::runtime_error("the peers script wrote no results file");
-  const std::vector<PeerResult> results = parse_peer_results(read_file(results_path_), cases_, "peer results");
-  record_peer_results(store, run, results, cases_);
-  return results.size();
+size_t PeerFiles::record_results(reports::Store& store, int64_t run, bool script_failed) const {
+  try {
+    if (access(results_path_.c_str(), F_OK) != 0) throw std::runtime_error("the peers script wrote no results file");
+    const std::vector<PeerResult> results = parse_peer_results(read_file(results_path_), cases_, "peer results");
+    record_peer_results(store, run, results, cases_);
+    return results.size();
+  } catch (const std::runtime_error& e) {
+    if (!script_failed) throw;
+    std::fprintf(stderr, "fusekit: warning: no peer results recorded: %s\n", e.what());
+    return 0;
+  }
 }
 
 }  // namespace fusekit::suites

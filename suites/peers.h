@@ -52,8 +52,10 @@ class PeerFiles {
   const std::string& cases_path() const { return cases_path_; }
   const std::string& results_path() const { return results_path_; }
   // Reads, checks and records the results file (as parse_peer_results, record_peer_results);
-  // returns the number of results recorded.
-  size_t record_results(reports::Store& store, int64_t run) const;
+  // returns the number of results recorded. After the script failed (`script_failed`), what it
+  // handed back before failing is recorded too, as the run's own cases are; a missing or bad file
+  // then records nothing and is a warning on stderr, so that the script's failure is the error.
+  size_t record_results(reports::Store& store, int64_t run, bool script_failed = false) const;
 
  private:
   std::vector<ListedCase> cases_;

@@ -194,6 +194,11 @@ TEST_F(PeerRecording, PeerFilesHoldTheListingAndGoAway) {
     reports::Store store = reports::Store::open((dir_ / "files.db").string(), reports::Store::Mode::create);
     const int64_t run = store.begin_run({});
     EXPECT_THROW(files.record_results(store, run), std::runtime_error);  // no results file written
+    EXPECT_EQ(files.record_results(store, run, true), 0u);               // a warning once the script failed
+    std::ofstream(files.results_path()) << "{\"name\": \"layernorm/8192x768/fp16/fwd\", \"vari";  // cut short
+    EXPECT_THROW(files.record_results(store, run), std::runtime_error);
+    EXPECT_EQ(files.record_results(store, run, true), 0u);
+    EXPECT_TRUE(store.load_cases(run).empty());
     std::ofstream(files.results_path())
         << "{\"name\": \"layernorm/8192x768/fp16/fwd\", \"variant\": \"peer:eager\", \"samples_ns\": [1, 2]}\n";
     EXPECT_EQ(files.record_results(store, run), 1u);
