@@ -26,6 +26,7 @@
 #include "reports/terminal.h"
 #include "suites/demo.h"
 #include "suites/ops/ops_suite.h"
+#include "suites/peers.h"
 #include "suites/runner.h"
 
 namespace fusekit::cli {
@@ -218,28 +219,22 @@ int bench(const BenchOptions& o) {
         std::fprintf(stderr, "fusekit: built without libtorch: no baseline variants\n");
       suites::run_cases(store, run, ops_cases, options);
       if (!o.peers.empty()) {
-        // PyTorch eager and torch.compile on the same cases: timed untraced, then traced for the
-        // kernel shares, both into this run.
+        // PyTorch eager and torch.compile on the same cases: timed untraced, their samples handed
+        // back and recorded here, then traced for the kernel shares, both into this run.
+        const suites::PeerFiles files(
+            suites::list_ops_cases({o.op, o.shape, o.dtype, o.backward, o.ops, o.op.empty() ? o.suite : "ops"}));
         std::fprintf(stderr, "fusekit: timing the peers: python3 %s\n", o.peers.c_str());
         std::vector<std::string> peer_args = {"python3",     o.peers,
+                                              "--cases",     files.cases_path(),
                                               "--reps",      std::to_string(o.repetitions),
                                               "--warmup",    std::to_string(o.warmup),
                                               "--warmup-ms", std::to_string(o.warmup_ms),
                                               "--sample-us", std::to_string(o.sample_us)};
-        if (!o.op.empty()) {  // the one case bench ran
-          peer_args.insert(peer_args.end(), {"--ops", o.op, "--shapes", o.shape, "--dtypes", o.dtype, "--directions",
-                                             o.backward ? "fwd+bwd" : "fwd"});
-        } else {
-          if (!o.dtype.empty()) peer_args.insert(peer_args.end(), {"--dtypes", o.dtype});  // one dtype
-          // The operators bench ran: those named, else every one of the suite.
-          std::string names;
-          for (const suites::OpDefinition& op : suites::ops()) {
-            const bool named = std::find(o.ops.begin(), o.ops.end(), op.name) != o.ops.end();
-            if (op.suite == o.suite && (o.ops.empty() || named)) names += (names.empty() ? "" : ",") + op.name;
-          }
-          peer_args.insert(peer_args.end(), {"--ops", names});
-        }
-        int code = run_child(o.db, run, peer_args, 1000, false);
+        std::vector<std::string> timed_args = peer_args;
+        timed_args.insert(timed_args.end(), {"--results", files.results_path()});
+        int code = run_child(o.db, run, timed_args, 1000, false);
+        const size_t recorded = files.record_results(store, run, code != 0);  // kept if the script failed later
+        std::fprintf(stderr, "fusekit: recorded %zu peer results\n", recorded);
         if (code == 0) {
           std::fprintf(stderr, "fusekit: tracing the peers: python3 %s --traced-only\n", o.peers.c_str());
           peer_args.push_back("--traced-only");
@@ -264,6 +259,15 @@ int bench(const BenchOptions& o) {
     store.finish_run(run, "failed", 1);
     throw;
   }
+  return 0;
+}
+
+int list_cases(const CasesOptions& o) {
+  if (!o.ops.empty() && !o.op.empty()) {
+    throw std::invalid_argument("--ops selects operators of --suite ops or attention (for one case: --op)");
+  }
+  write_output(o.output, suites::case_listing_json(suites::list_ops_cases(
+                             {o.op, o.shape, o.dtype, o.backward, o.ops, o.op.empty() ? o.suite : "ops"})));
   return 0;
 }
 

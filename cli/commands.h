@@ -33,6 +33,19 @@ int bench(const BenchOptions& o);
 std::string operator_list();
 std::string operator_shapes();
 
+// `fusekit cases`: the cases bench would run for the same selection, as the peers' JSON listing
+// (suites/peers.h). Needs no GPU.
+struct CasesOptions {
+  std::string suite = "ops";
+  std::string op;
+  std::string shape;
+  std::string dtype;
+  bool backward = false;
+  std::vector<std::string> ops;
+  std::string output;  // "" or "-": stdout
+};
+int list_cases(const CasesOptions& o);
+
 struct TraceOptions {
   std::string db;
   std::string label;

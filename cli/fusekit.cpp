@@ -65,6 +65,19 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench_cmd->add_flag("--allow-dropped", bench_options.allow_dropped, "Accept a trace with dropped records");
 
+  CasesOptions cases_options;
+  CLI::App* cases_cmd = app.add_subcommand(
+      "cases", "List the cases bench would run, as JSON: the listing a peers script reads (no GPU needed)");
+  cases_cmd->add_option("--suite", cases_options.suite, "Suite to list: ops | attention")->capture_default_str();
+  cases_cmd->add_option("--op", cases_options.op, "One operator (" + operator_list() + "); needs --shape and --dtype");
+  cases_cmd->add_option("--shape", cases_options.shape, "With --op: the operator's shape (" + operator_shapes() + ")");
+  cases_cmd->add_option("--dtype", cases_options.dtype,
+                        "fp32 | fp16 | bf16: with --op, the case's dtype; with --suite, the suite in this dtype only");
+  cases_cmd->add_flag("--backward", cases_options.backward, "With --op: forward + backward");
+  cases_cmd->add_option("--ops", cases_options.ops, "With --suite: only these operators (comma-separated)")
+      ->delimiter(',');
+  cases_cmd->add_option("-o,--output", cases_options.output, "Output file (default: standard output)");
+
   TraceOptions trace_options;
   CLI::App* trace_cmd =
       app.add_subcommand("trace", "Trace an unmodified CUDA program: fusekit trace --db out.db -- cmd args...");
@@ -146,6 +159,7 @@ int main(int argc, char** argv) {
 
   try {
     if (*bench_cmd) return bench(bench_options);
+    if (*cases_cmd) return list_cases(cases_options);
     if (*trace_cmd) return trace(trace_options);
     if (*summary_cmd) return summary(summary_options);
     if (*compare_cmd) {

@@ -1,32 +1,33 @@
-"""PyTorch peers of fusekit's operator suite: PyTorch eager and torch.compile on the same cases.
+"""PyTorch peers of fusekit's operator suites: PyTorch eager and torch.compile on the same cases.
 
-Each case is timed like fusekit's runner: warm-up, then timed samples, each a batch of back-to-back
+The cases are fusekit's: --cases FILE (- for standard input) is the JSON listing that `fusekit
+cases` prints (suites/peers.h), with each case's name, operator, shape, dtype and direction. Each
+case is timed like fusekit's runner: warm-up, then timed samples, each a batch of back-to-back
 repetitions between two CUDA events spanning at least --sample-us of device time, rotating through
-input sets larger than twice the L2, every sample kept, with no tracer in the process.
-`fusekit bench --suite ops --peers scripts/peers/ops.py` runs it twice into the same run of the
-store (FUSEKIT_TRACE_DB, FUSEKIT_TRACE_RUN): once untraced, writing its cases and samples as
-variants peer:eager and peer:compile, and once under `fusekit trace` with --traced-only, which
-runs a few repetitions per case inside NVTX ranges "<case> [<variant>]" and writes no samples, so
-the peers' kernels sit in the same store as fusekit's.
+input sets larger than twice the L2, every sample kept, with no tracer in the process. The samples
+go to --results FILE, one JSON line per case and variant (peer:eager, peer:compile); fusekit checks
+them and writes them into its store. This script writes no store.
 
-The operators are the modules of scripts/peers/ops/ (one per operator, as in suites/ops/).
+`fusekit bench --suite ops --peers scripts/peers/ops.py` runs it twice into the same run: once
+untraced, with --results, and once under the tracer with --traced-only, which runs a few
+repetitions per case inside NVTX ranges "<case> [<variant>]" and writes no samples, so the peers'
+kernels sit in the same store as fusekit's. By hand:
+  fusekit cases --op layernorm --shape 8192x768 --dtype fp16 | python3 scripts/peers/ops.py --cases - --results r.jsonl
+
+The operators are the modules of scripts/peers/ops/ (one per operator, as in suites/ops/); a case
+whose operator has no module is skipped with a note.
 """
 import argparse
 import importlib
 import math
 import os
-import sqlite3
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-# Suite order (suites/ops/ops_suite.cpp).
-OPERATORS = ["layernorm", "bias_gelu", "softmax", "bias_dropout_residual_layernorm", "cross_entropy", "adamw",
-             "linear", "embedding_layernorm", "window_partition", "window_merge", "patch_merging",
-             "window_attention", "qkv_projection", "bert_attention"]
-SCHEMA_VERSION = "1"
+from ops.cases import read_cases, result_line  # noqa: E402 (after the path is set)
 
 
 MAX_SAMPLE_BATCH = 1000  # suites/runner.h kMaxSampleBatch
@@ -68,13 +69,21 @@ def time_case(step, sets: int, warmup: int, warmup_ms: float, reps: int, sample_
     return [start.elapsed_time(end) * 1e6 / sample_batch for start, end in events]  # ns a repetition
 
 
+def peer_module(op: str):
+    """The operator's peer module, or None where the peers have none."""
+    try:
+        return importlib.import_module(f"ops.{op}")
+    except ModuleNotFoundError as e:
+        if e.name == f"ops.{op}":
+            return None
+        raise
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtypes", default="fp16,bf16")
+    parser.add_argument("--cases", required=True, help="the JSON listing of the cases (fusekit cases); - for stdin")
+    parser.add_argument("--results", help="file to write the samples to, one JSON line per case and variant")
     parser.add_argument("--variants", default="eager,compile")
-    parser.add_argument("--ops", default=",".join(OPERATORS), help="operators to run (default: all)")
-    parser.add_argument("--shapes", help="shapes instead of the suite's (with one operator in --ops)")
-    parser.add_argument("--directions", default="fwd,fwd+bwd", help="fwd and/or fwd+bwd")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--warmup-ms", type=float, default=25.0,
@@ -85,23 +94,25 @@ def main() -> int:
     args = parser.parse_args()
     if args.traced_only:
         args.reps, args.warmup, args.sample_us = 3, 2, 0
-    db_path, run = os.environ.get("FUSEKIT_TRACE_DB"), os.environ.get("FUSEKIT_TRACE_RUN")
-    if not db_path or not run:
-        print("ops.py: run it under `fusekit trace --db DB -- python3 scripts/peers/ops.py`", file=sys.stderr)
+    elif not args.results:
+        print("ops.py: --results FILE is needed (or --traced-only)", file=sys.stderr)
         return 2
-    unknown = [op for op in args.ops.split(",") if op not in OPERATORS]
-    if unknown:
-        print(f"ops.py: unknown operator {unknown[0]} (available: {', '.join(OPERATORS)})", file=sys.stderr)
+    try:
+        listed = read_cases(args.cases)
+    except (OSError, ValueError) as e:
+        print(f"ops.py: {e}", file=sys.stderr)
         return 2
-    db = sqlite3.connect(db_path, timeout=30)
-    meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
-    if meta.get("application") != "fusekit":
-        print(f"ops.py: {db_path}: not a fusekit store", file=sys.stderr)
-        return 1
-    if meta.get("schema_version") != SCHEMA_VERSION:
-        print(f"ops.py: {db_path}: store schema {meta.get('schema_version')}, this script writes {SCHEMA_VERSION}",
+
+    modules, skipped = {}, []
+    for case in listed:
+        if case.op not in modules:
+            modules[case.op] = peer_module(case.op)
+            if modules[case.op] is None:
+                skipped.append(case.op)
+    for op in skipped:
+        print(f"ops.py: no peer for operator {op} (no scripts/peers/ops/{op}.py): its cases are skipped",
               file=sys.stderr)
-        return 1
+    listed = [case for case in listed if modules[case.op] is not None]
 
     # One compiled function per operator sees every shape, dtype and direction of the suite: raise
     # Dynamo's recompile limits, which would otherwise fall back to eager silently after 8 variants.
@@ -109,39 +120,33 @@ def main() -> int:
         if hasattr(torch._dynamo.config, limit):
             setattr(torch._dynamo.config, limit, 4096)
 
-    cases = []
-    for op in args.ops.split(","):
-        module = importlib.import_module(f"ops.{op}")
-        directions = [d == "fwd+bwd" for d in args.directions.split(",")]
-        shapes = args.shapes.split(",") if args.shapes else None
-        cases.extend(module.cases(args.dtypes.split(","), directions, shapes))
-    compiled = {}
-    for i, case in enumerate(cases):
-        for variant in args.variants.split(","):
-            if variant == "eager":
-                fn = case.function
-            else:
-                if case.function not in compiled:
-                    compiled[case.function] = torch.compile(case.function, dynamic=False)
-                fn = compiled[case.function]
-            step = case.make_step(fn)
-            label = f"{case.name} [peer:{variant}]"
-            print(f"[{i + 1}/{len(cases)}] {label}", file=sys.stderr, flush=True)
-            with torch.enable_grad() if case.backward else torch.no_grad():
-                samples = time_case(step, case.sets, args.warmup, args.warmup_ms, args.reps, args.sample_us,
-                                    label)
-            if args.traced_only:
-                continue
-            with db:
-                cursor = db.execute(
-                    "INSERT INTO cases(runId, name, op, shape, dtype, variant, bytes, flops) VALUES (?,?,?,?,?,?,?,?)",
-                    (int(run), case.name, case.op, case.shape, case.dtype, f"peer:{variant}", case.bytes,
-                     case.flops))
-                db.executemany("INSERT INTO samples(caseId, rep, nanoseconds) VALUES (?,?,?)",
-                               [(cursor.lastrowid, r, t) for r, t in enumerate(samples)])
-        if case.release:
-            case.release()
-        torch.cuda.empty_cache()
+    results = None if args.traced_only else open(args.results, "w", encoding="utf-8")
+    try:
+        compiled = {}
+        for i, listed_case in enumerate(listed):
+            case = modules[listed_case.op].make_case(listed_case)
+            for variant in args.variants.split(","):
+                if variant == "eager":
+                    fn = case.function
+                else:
+                    if case.function not in compiled:
+                        compiled[case.function] = torch.compile(case.function, dynamic=False)
+                    fn = compiled[case.function]
+                step = case.make_step(fn)
+                label = f"{case.name} [peer:{variant}]"
+                print(f"[{i + 1}/{len(listed)}] {label}", file=sys.stderr, flush=True)
+                with torch.enable_grad() if case.backward else torch.no_grad():
+                    samples = time_case(step, case.sets, args.warmup, args.warmup_ms, args.reps, args.sample_us,
+                                        label)
+                if results is not None:
+                    results.write(result_line(case.name, f"peer:{variant}", samples))
+                    results.flush()
+            if case.release:
+                case.release()
+            torch.cuda.empty_cache()
+    finally:
+        if results is not None:
+            results.close()
     return 0
 
 

@@ -14,13 +14,34 @@ bool baselines_available() {
 #endif
 }
 
+// The registry: every operator, in suite order (the order a suite's cases run in), named by its
+// file suites/ops/<op>.cpp, which defines <op>_op(). Swin's window partition, merge and patch
+// merging share suites/ops/swin_window.cpp. Adding an operator adds one entry here (CMake finds
+// its files in their folders); the suites and the peers' listing (fusekit cases) follow from it.
+#define FUSEKIT_OPERATORS(X)         \
+  X(layernorm)                       \
+  X(bias_gelu)                       \
+  X(softmax)                         \
+  X(bias_dropout_residual_layernorm) \
+  X(cross_entropy)                   \
+  X(adamw)                           \
+  X(linear)                          \
+  X(embedding_layernorm)             \
+  X(window_partition)                \
+  X(window_merge)                    \
+  X(patch_merging)                   \
+  X(window_attention)                \
+  X(qkv_projection)                  \
+  X(bert_attention)
+
+#define FUSEKIT_DECLARE_OPERATOR(name) OpDefinition name##_op();
+FUSEKIT_OPERATORS(FUSEKIT_DECLARE_OPERATOR)
+#undef FUSEKIT_DECLARE_OPERATOR
+
 const std::vector<OpDefinition>& ops() {
-  static const std::vector<OpDefinition> all = {
-      layernorm_op(),        bias_gelu_op(),      softmax_op(),       bias_dropout_residual_layernorm_op(),
-      cross_entropy_op(),    adamw_op(),          linear_op(),        embedding_layernorm_op(),
-      window_partition_op(), window_merge_op(),   patch_merging_op(), window_attention_op(),
-      qkv_projection_op(),   bert_attention_op(),
-  };
+#define FUSEKIT_DEFINE_OPERATOR(name) name##_op(),
+  static const std::vector<OpDefinition> all = {FUSEKIT_OPERATORS(FUSEKIT_DEFINE_OPERATOR)};
+#undef FUSEKIT_DEFINE_OPERATOR
   return all;
 }
 
@@ -40,11 +61,13 @@ const std::vector<std::string>& op_suites() {
   return all;
 }
 
-std::vector<Case> ops_cases(const OpsRequest& request) {
-  std::vector<Case> cases;
-  auto append = [&](std::vector<Case> more) {
-    for (Case& c : more) cases.push_back(std::move(c));
-  };
+namespace {
+
+// Calls `visit(op, shape, dtype, backward)` for every case the request selects, in suite order: per
+// operator, per dtype, forward then forward + backward, per shape. Throws std::invalid_argument for
+// an unknown operator, suite or dtype, before visiting any case.
+template <class Visit>
+void for_each_selected_case(const OpsRequest& request, Visit visit) {
   if (!request.op.empty()) {
     if (request.shape.empty() || request.dtype.empty()) {
       throw std::invalid_argument("--op needs --shape and --dtype");
@@ -59,8 +82,8 @@ std::vector<Case> ops_cases(const OpsRequest& request) {
       if (request.backward && !op.has_backward) {
         throw std::invalid_argument("operator '" + op.name + "' has no backward: leave out --backward");
       }
-      append(op.cases(request.shape, dtype, request.backward));
-      return cases;
+      visit(op, request.shape, dtype, request.backward);
+      return;
     }
     throw std::invalid_argument("unknown operator '" + request.op + "' (available: " + names + ")");
   }
@@ -81,6 +104,7 @@ std::vector<Case> ops_cases(const OpsRequest& request) {
   }
   std::vector<kernels::DType> dtypes = {kernels::DType::f16, kernels::DType::bf16};
   if (!request.dtype.empty()) dtypes = {parse_dtype(request.dtype)};  // the whole suite in one dtype
+  bool any = false;
   for (const OpDefinition& op : ops()) {
     if (op.suite != request.suite) continue;
     if (!request.only.empty() && std::find(request.only.begin(), request.only.end(), op.name) == request.only.end()) {
@@ -89,12 +113,42 @@ std::vector<Case> ops_cases(const OpsRequest& request) {
     for (kernels::DType dtype : dtypes) {
       for (bool backward : {false, true}) {
         if (backward && !op.has_backward) continue;
-        for (const std::string& shape : op.shapes) append(op.cases(shape, dtype, backward));
+        for (const std::string& shape : op.shapes) {
+          visit(op, shape, dtype, backward);
+          any = true;
+        }
       }
     }
   }
-  if (cases.empty()) throw std::invalid_argument("the " + request.suite + " suite has no operators yet");
+  if (!any) throw std::invalid_argument("the " + request.suite + " suite has no operators yet");
+}
+
+}  // namespace
+
+std::vector<Case> ops_cases(const OpsRequest& request) {
+  std::vector<Case> cases;
+  for_each_selected_case(request,
+                         [&](const OpDefinition& op, const std::string& shape, kernels::DType dtype, bool backward) {
+                           for (Case& c : op.cases(shape, dtype, backward)) cases.push_back(std::move(c));
+                         });
   return cases;
+}
+
+std::vector<ListedCase> list_ops_cases(const OpsRequest& request) {
+  std::vector<ListedCase> listed;
+  // Building a case's variants allocates no device memory (that is their setup's work); the
+  // variants share one description, which is the listed case's.
+  auto list = [&](const OpDefinition& op, const std::string& shape, kernels::DType dtype, bool backward) {
+    const std::vector<Case> variants = op.cases(shape, dtype, backward);
+    if (variants.empty()) throw std::logic_error("operator '" + op.name + "' built no case for " + shape);
+    ListedCase c;
+    c.info = variants.front().info;
+    c.info.variant.clear();
+    c.backward = backward;
+    listed.push_back(std::move(c));
+  };
+  for_each_selected_case(request, list);
+  return listed;
 }
 
 }  // namespace fusekit::suites

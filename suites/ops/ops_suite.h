@@ -2,7 +2,8 @@
 // forward + backward, fp16 and bf16, fused and baseline. Or one operator at one shape and dtype.
 //
 // Each operator lives in its own file (suites/ops/<op>.cpp) and describes itself with an
-// OpDefinition; ops_suite.cpp lists them.
+// OpDefinition returned by its <op>_op(); the registry in ops_suite.cpp, FUSEKIT_OPERATORS, lists
+// them once.
 #pragma once
 
 #include <functional>
@@ -44,29 +45,21 @@ const std::vector<OpDefinition>& ops();
 // Throws std::invalid_argument for an unknown operator, shape or dtype.
 std::vector<Case> ops_cases(const OpsRequest& request);
 
+// One case of a selection without its variants: what the peers are handed (suites/peers.h).
+struct ListedCase {
+  reports::CaseInfo info;  // name, op, shape, dtype, bytes, flops; variant empty
+  bool backward = false;   // forward + backward ("fwd+bwd"), else forward ("fwd")
+};
+
+// The cases ops_cases(request) builds, one per name (its variants share the name), in the same
+// order. Allocates no device memory and needs no GPU. Throws as ops_cases does.
+std::vector<ListedCase> list_ops_cases(const OpsRequest& request);
+
 // The case description every operator fills the same way: name "<op>/<shape>/<dtype>/<fwd|fwd+bwd>".
 reports::CaseInfo make_case_info(const std::string& op, const std::string& shape, kernels::DType dtype, bool backward,
                                  double bytes);
 
 // Whether the libtorch baselines were built in.
 bool baselines_available();
-
-// One definition per operator file.
-OpDefinition layernorm_op();
-OpDefinition bias_gelu_op();
-OpDefinition softmax_op();
-OpDefinition bias_dropout_residual_layernorm_op();
-OpDefinition adamw_op();
-OpDefinition cross_entropy_op();
-OpDefinition linear_op();
-OpDefinition embedding_layernorm_op();
-// The attention suite: Swin's window operations (suites/ops/swin_window.cpp).
-OpDefinition window_partition_op();
-OpDefinition window_merge_op();
-OpDefinition patch_merging_op();
-OpDefinition window_attention_op();
-OpDefinition qkv_projection_op();
-// The attention suite: BERT's attention core (suites/ops/bert_attention.cpp).
-OpDefinition bert_attention_op();
 
 }  // namespace fusekit::suites

@@ -88,6 +88,15 @@ expect 2 "unknown operator 'softmaxx' in --ops" -- "$FUSEKIT" bench --db "$work/
 expect 2 "selects operators of --suite ops or attention" -- "$FUSEKIT" bench --db "$work/b.db" --ops layernorm
 expect 2 "peers|exist" -- "$FUSEKIT" bench --db "$work/b.db" --suite ops --peers "$work/missing.py"
 expect 1 "schema version 99" -- "$FUSEKIT" bench --db "$work/v99.db"
+# `cases`: the same selection errors as bench, without a store or a GPU; never over an SQLite file.
+expect 2 "unknown operator suite 'demo'" -- "$FUSEKIT" cases --suite demo
+expect 2 "unknown operator 'softmaxx'" -- "$FUSEKIT" cases --op softmaxx --shape 8x8 --dtype fp16
+expect 2 "unsupported shape '8by8'" -- "$FUSEKIT" cases --op layernorm --shape 8by8 --dtype fp16
+expect 2 "needs --shape" -- "$FUSEKIT" cases --op layernorm
+expect 2 "has no backward" -- "$FUSEKIT" cases --op adamw --shape bert-base --dtype fp16 --backward
+expect 2 "unknown operator 'softmaxx' in --ops" -- "$FUSEKIT" cases --ops layernorm,softmaxx
+expect 2 "selects operators of --suite ops or attention" -- "$FUSEKIT" cases --op layernorm --shape 8x8 --dtype fp16 --ops layernorm
+expect 1 "SQLite file" -- "$FUSEKIT" cases --suite ops -o "$work/foreign.db"
 expect 2 "argument|bogus|extra" -- "$FUSEKIT" trace --db "$work/t.db" --bogus -- true
 expect 127 "cannot run" -- "$FUSEKIT" trace --db "$work/t.db" -- "$work/no-such-program"
 expect 1 "schema version 99" -- "$FUSEKIT" trace --db "$work/v99.db" -- true

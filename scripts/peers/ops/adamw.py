@@ -10,18 +10,14 @@ compile: torch.compile of the same step function over torch.optim.AdamW(foreach=
          Under GradScaler a non-fused optimizer's step syncs on found_inf (.item()): a graph break
          that PyTorch itself takes.
 
-Bytes are counted as suites/ops/adamw.cpp counts them, in the fused variant's layout: 28 per
-parameter (fp32: read p, g, m, v, write p, m, v; fp16/bf16 trainer with master weights: read g,
-master, m, v, write p, master, m, v). One input set: the state is updated in place, and the
-smallest list moves 16x the L2 per step.
+The cases and their bytes come from fusekit's listing (suites/ops/adamw.cpp); the tensor lists
+below build the same parameters. One input set: the state is updated in place, and the smallest
+list moves 16x the L2 per step.
 """
 import torch
 
-from .common import DTYPES, PeerCase, case_name
+from .common import PeerCase
 
-NAME = "adamw"
-# The suite's tensor lists (suites/ops/adamw.cpp).
-SHAPES = ["bert-base", "bert-large", "swin-t"]
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 1e-2  # torch.optim.AdamW's defaults
 
 
@@ -59,12 +55,6 @@ TENSOR_LISTS = {
 }
 
 
-def bytes_moved(parameters: int, dtype: torch.dtype) -> float:
-    if dtype == torch.float32:
-        return parameters * 7 * 4
-    return parameters * (2 * (torch.finfo(dtype).bits // 8) + 6 * 4)
-
-
 def adamw_step(optimizer, scaler):
     if scaler is None:
         optimizer.step()
@@ -73,47 +63,42 @@ def adamw_step(optimizer, scaler):
         scaler.update()
 
 
-def cases(dtypes, directions, shapes=None):
-    if False not in directions:  # an optimizer step has no backward
-        return
-    for dtype_name in dtypes:
-        for shape in shapes or SHAPES:
-            if shape not in TENSOR_LISTS:
-                raise ValueError(f"unknown tensor list '{shape}': expected {', '.join(TENSOR_LISTS)}")
-            sizes = TENSOR_LISTS[shape]()
-            amp = dtype_name != "fp32"
-            state = {}
+def make_case(case):
+    if case.backward:
+        raise ValueError(f"{case.name}: an optimizer step has no backward")
+    if case.shape not in TENSOR_LISTS:
+        raise ValueError(f"unknown tensor list '{case.shape}': expected {', '.join(TENSOR_LISTS)}")
+    sizes = TENSOR_LISTS[case.shape]()
+    amp = case.dtype != "fp32"
+    state = {}
 
-            # A function per case, so that ops.py compiles each case's step once.
-            def function(optimizer, scaler):
-                adamw_step(optimizer, scaler)
+    # A function per case, so that ops.py compiles each case's step once.
+    def function(optimizer, scaler):
+        adamw_step(optimizer, scaler)
 
-            def make_step(fn, sizes=sizes, amp=amp, state=state, function=function):
-                variant = "eager" if fn is function else "compile"
-                if variant not in state:
-                    state.clear()  # one variant's tensors at a time
-                    torch.cuda.empty_cache()
-                    params = []
-                    for n in sizes:
-                        p = torch.nn.Parameter(torch.empty(n, device="cuda").uniform_(-0.02, 0.02))
-                        p.grad = torch.empty_like(p).uniform_(-1.0, 1.0)
-                        params.append(p)
-                    kind = {"fused": True} if variant == "eager" else {"foreach": True}
-                    optimizer = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
-                                                  **kind)
-                    scaler = None
-                    if amp:
-                        scaler = torch.amp.GradScaler("cuda", init_scale=1.0)
-                        scaler.scale(torch.ones((), device="cuda"))  # creates its scale, as a first scaled loss does
-                    state[variant] = (optimizer, scaler)
-                optimizer, scaler = state[variant]
-                return lambda s: fn(optimizer, scaler)
+    def make_step(fn):
+        variant = "eager" if fn is function else "compile"
+        if variant not in state:
+            state.clear()  # one variant's tensors at a time
+            torch.cuda.empty_cache()
+            params = []
+            for n in sizes:
+                p = torch.nn.Parameter(torch.empty(n, device="cuda").uniform_(-0.02, 0.02))
+                p.grad = torch.empty_like(p).uniform_(-1.0, 1.0)
+                params.append(p)
+            kind = {"fused": True} if variant == "eager" else {"foreach": True}
+            optimizer = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY, **kind)
+            scaler = None
+            if amp:
+                scaler = torch.amp.GradScaler("cuda", init_scale=1.0)
+                scaler.scale(torch.ones((), device="cuda"))  # creates its scale, as a first scaled loss does
+            state[variant] = (optimizer, scaler)
+        optimizer, scaler = state[variant]
+        return lambda s: fn(optimizer, scaler)
 
-            def release(state=state):
-                state.clear()
-                # The compiled step holds the optimizer it was traced with; let both go.
-                torch._dynamo.reset()
+    def release():
+        state.clear()
+        # The compiled step holds the optimizer it was traced with; let both go.
+        torch._dynamo.reset()
 
-            yield PeerCase(case_name(NAME, shape, dtype_name, False), NAME, shape, dtype_name,
-                           bytes_moved(sum(sizes), DTYPES[dtype_name]), 1, make_step, function, False,
-                           release=release)
+    return PeerCase(case.name, 1, make_step, function, False, release=release)

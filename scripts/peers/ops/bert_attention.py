@@ -2,14 +2,10 @@
 packed qkv (split and permute to [batch, heads, seq, head_dim], q @ k^T * scale, + the additive
 key-padding mask with the dtype's lowest value, softmax, dropout, @ v, permute, reshape), forward and
 forward + backward through autograd, as baselines/bert_attention.cpp composes it. Shapes, valid
-lengths and byte counts as suites/ops/bert_attention.cpp."""
+lengths as suites/ops/bert_attention.cpp."""
 import torch
 
-from .common import DTYPES, PeerCase, case_name, rotation_sets, uniform
-
-NAME = "bert_attention"
-# The suite's shapes (suites/ops/bert_attention.cpp).
-SHAPES = ["64x12x128x64:p0.1", "32x12x512x64:p0.1", "64x16x128x64:p0.1", "32x16x512x64:p0.1"]
+from .common import DTYPES, PeerCase, rotation_sets, uniform
 
 
 def parse(shape: str):
@@ -29,18 +25,6 @@ def valid_length(b: int, seq: int) -> int:
     x ^= x >> 16
     low = (seq + 1) // 2
     return low + x % (seq - low + 1)
-
-
-def bytes_moved(batch, heads, seq, head_dim, size, backward) -> float:
-    """The same count as bytes_moved in suites/ops/bert_attention.cpp."""
-    rows = batch * seq
-    qkv = rows * 3 * heads * head_dim * size
-    out = rows * heads * head_dim * size
-    lse = rows * heads * 4
-    lengths = batch * 4
-    forward = qkv + lengths + out + lse
-    backward_bytes = qkv + lengths + out + out + lse + qkv
-    return float(forward + backward_bytes if backward else forward)
 
 
 def additive_mask(valid_lengths, seq, dtype):
@@ -67,31 +51,25 @@ def with_autograd(qkv, mask, scale, p, dout):
     return out
 
 
-def cases(dtypes, directions, shapes=None):
-    for dtype_name in dtypes:
-        for backward in directions:
-            for shape in shapes or SHAPES:
-                batch, heads, seq, head_dim, p = parse(shape)
-                dtype = DTYPES[dtype_name]
-                size = torch.finfo(dtype).bits // 8
-                rows = batch * seq
-                per_set = (rows * 3 * heads * head_dim + rows * heads * head_dim) * size * (2 if backward else 1) + \
-                    rows * heads * 4
-                sets = rotation_sets(per_set)
-                inputs = {}
+def make_case(case):
+    batch, heads, seq, head_dim, p = parse(case.shape)
+    dtype = DTYPES[case.dtype]
+    size = torch.finfo(dtype).bits // 8
+    backward = case.backward
+    rows = batch * seq
+    per_set = (rows * 3 * heads * head_dim + rows * heads * head_dim) * size * (2 if backward else 1) + \
+        rows * heads * 4
+    sets = rotation_sets(per_set)
+    inputs = {}
 
-                def make_step(fn, dims=(batch, heads, seq, head_dim, p), dtype=dtype, sets=sets, backward=backward,
-                              inputs=inputs):
-                    b, h, n, d, prob = dims
-                    if not inputs:
-                        inputs["qkv"] = [uniform((b, n, 3, h, d), dtype) for _ in range(sets)]
-                        inputs["dout"] = [uniform((b, n, h * d), dtype) for _ in range(sets)] if backward else None
-                        lengths = torch.tensor([valid_length(i, n) for i in range(b)], dtype=torch.int32,
-                                               device="cuda")
-                        inputs["mask"] = additive_mask(lengths, n, dtype)
-                    i, scale = inputs, d ** -0.5
-                    return lambda s: fn(i["qkv"][s], i["mask"], scale, prob, i["dout"][s] if backward else None)
+    def make_step(fn):
+        b, h, n, d, prob = batch, heads, seq, head_dim, p
+        if not inputs:
+            inputs["qkv"] = [uniform((b, n, 3, h, d), dtype) for _ in range(sets)]
+            inputs["dout"] = [uniform((b, n, h * d), dtype) for _ in range(sets)] if backward else None
+            lengths = torch.tensor([valid_length(i, n) for i in range(b)], dtype=torch.int32, device="cuda")
+            inputs["mask"] = additive_mask(lengths, n, dtype)
+        i, scale = inputs, d ** -0.5
+        return lambda s: fn(i["qkv"][s], i["mask"], scale, prob, i["dout"][s] if backward else None)
 
-                yield PeerCase(case_name(NAME, shape, dtype_name, backward), NAME, shape, dtype_name,
-                               bytes_moved(batch, heads, seq, head_dim, size, backward), sets, make_step,
-                               with_autograd, backward, release=inputs.clear)
+    return PeerCase(case.name, sets, make_step, with_autograd, backward, release=inputs.clear)

@@ -4,20 +4,8 @@ PatchMerging before its reduction Linear); forward and forward + backward throug
 import torch
 import torch.nn.functional as F
 
-from .common import DTYPES, PeerCase, case_name, rotation_sets, uniform
+from .common import DTYPES, PeerCase, rotation_sets, uniform
 from .swin_window import EPS, size_of
-
-NAME = "patch_merging"
-# The suite's shapes (suites/ops/swin_window.cpp): Swin-T's stage transitions at batch 64.
-SHAPES = ["64x56x56x96", "64x28x28x192", "64x14x14x384"]
-
-
-def bytes_moved(b: int, h: int, w: int, c: int, size: int, backward: bool) -> float:
-    merged = b * (h // 2) * (w // 2)
-    n = merged * 4 * c
-    forward = 2 * n * size + 2 * 4 * c * size + 2 * merged * 4
-    back = 3 * n * size + 3 * 4 * c * size + 2 * merged * 4
-    return forward + back if backward else forward
 
 
 def patch_merging(x, gamma, beta, dy):
@@ -34,26 +22,22 @@ def patch_merging(x, gamma, beta, dy):
     return y
 
 
-def cases(dtypes, directions, shapes=None):
-    for dtype_name in dtypes:
-        for backward in directions:
-            for shape in shapes or SHAPES:
-                b, h, w, c = (int(v) for v in shape.split("x"))
-                dtype = DTYPES[dtype_name]
-                size = size_of(dtype)
-                sets = rotation_sets(b * h * w * c * size * (4 if backward else 2))
-                inputs = {}
+def make_case(case):
+    b, h, w, c = (int(v) for v in case.shape.split("x"))
+    dtype = DTYPES[case.dtype]
+    size = size_of(dtype)
+    backward = case.backward
+    sets = rotation_sets(b * h * w * c * size * (4 if backward else 2))
+    inputs = {}
 
-                def make_step(fn, b=b, h=h, w=w, c=c, dtype=dtype, sets=sets, backward=backward, inputs=inputs):
-                    if not inputs:
-                        inputs["x"] = [uniform((b, h, w, c), dtype, 2.0, 0.5) for _ in range(sets)]
-                        dy = (b, h // 2, w // 2, 4 * c)
-                        inputs["dy"] = [uniform(dy, dtype) for _ in range(sets)] if backward else None
-                        inputs["gamma"] = uniform(4 * c, dtype, 0.2, 1.0)
-                        inputs["beta"] = uniform(4 * c, dtype, 0.1)
-                    i = inputs
-                    return lambda s: fn(i["x"][s], i["gamma"], i["beta"], i["dy"][s] if backward else None)
+    def make_step(fn):
+        if not inputs:
+            inputs["x"] = [uniform((b, h, w, c), dtype, 2.0, 0.5) for _ in range(sets)]
+            dy = (b, h // 2, w // 2, 4 * c)
+            inputs["dy"] = [uniform(dy, dtype) for _ in range(sets)] if backward else None
+            inputs["gamma"] = uniform(4 * c, dtype, 0.2, 1.0)
+            inputs["beta"] = uniform(4 * c, dtype, 0.1)
+        i = inputs
+        return lambda s: fn(i["x"][s], i["gamma"], i["beta"], i["dy"][s] if backward else None)
 
-                yield PeerCase(case_name(NAME, shape, dtype_name, backward), NAME, shape, dtype_name,
-                               bytes_moved(b, h, w, c, size, backward), sets, make_step, patch_merging, backward,
-                               release=inputs.clear)
+    return PeerCase(case.name, sets, make_step, patch_merging, backward, release=inputs.clear)

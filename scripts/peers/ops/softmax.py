@@ -1,14 +1,10 @@
 """Scale + mask + softmax peers: x * scale, then masked_fill(-inf) or + bias (+ window mask), then
 softmax over the keys in the storage dtype; forward and forward + backward through autograd, as
-baselines/softmax.cpp composes it. Shapes, padding lengths and byte counts as suites/ops/softmax.cpp."""
+baselines/softmax.cpp composes it. Shapes and padding lengths as suites/ops/softmax.cpp."""
 import torch
 
-from .common import DTYPES, PeerCase, case_name, rotation_sets, uniform
+from .common import DTYPES, PeerCase, rotation_sets, uniform
 
-NAME = "softmax"
-# The suite's shapes (suites/ops/softmax.cpp).
-SHAPES = ["64x12x128x128:padding", "32x16x512x512:padding", "16x12x1024x1024:causal",
-          "8192x3x49x49:bias", "2048x6x49x49:bias", "128x24x49x49:bias"]
 SCALE = 0.125
 SWIN_IMAGES = 128
 MASK64 = (1 << 64) - 1
@@ -35,24 +31,6 @@ def splitmix64(x: int) -> int:
 def padding_lengths(batch: int, keys: int, set_index: int) -> list:
     """Valid key counts of one operand set, the same formula as padding_lengths in suites/ops/softmax.cpp."""
     return [1 + splitmix64((b + set_index) % batch) % keys for b in range(batch)]
-
-
-def kept_scores(batch, heads, queries, keys, mask) -> int:
-    if mask == "padding":
-        return sum(padding_lengths(batch, keys, 0)) * heads * queries
-    if mask == "causal":
-        return sum(min(max(q + 1 + keys - queries, 0), keys) for q in range(queries)) * batch * heads
-    return batch * heads * queries * keys
-
-
-def bytes_moved(batch, heads, queries, keys, mask, windows, size, backward) -> float:
-    n = batch * heads * queries * keys
-    forward = kept_scores(batch, heads, queries, keys, mask) * size + n * size
-    if mask == "padding":
-        forward += 4 * batch
-    if mask == "bias":
-        forward += (heads + windows) * queries * keys * size
-    return float(forward + 3 * n * size if backward else forward)
 
 
 def with_autograd(probabilities):
@@ -98,35 +76,30 @@ FUNCTIONS = {"none": with_autograd(unmasked), "padding": with_autograd(padded), 
              "bias": with_autograd(biased)}
 
 
-def cases(dtypes, directions, shapes=None):
-    for dtype_name in dtypes:
-        for backward in directions:
-            for shape in shapes or SHAPES:
-                batch, heads, queries, keys, mask, windows = parse(shape)
-                dtype = DTYPES[dtype_name]
-                size = torch.finfo(dtype).bits // 8
-                n = batch * heads * queries * keys
-                sets = rotation_sets(n * size * (4 if backward else 2))
-                inputs = {}
+def make_case(case):
+    batch, heads, queries, keys, mask, windows = parse(case.shape)
+    dtype = DTYPES[case.dtype]
+    size = torch.finfo(dtype).bits // 8
+    backward = case.backward
+    n = batch * heads * queries * keys
+    sets = rotation_sets(n * size * (4 if backward else 2))
+    inputs = {}
 
-                def make_step(fn, dims=(batch, heads, queries, keys), mask=mask, windows=windows, dtype=dtype,
-                              sets=sets, backward=backward, inputs=inputs):
-                    b, h, q, k = dims
-                    if not inputs:
-                        inputs["x"] = [uniform(dims, dtype, 8.0) for _ in range(sets)]
-                        inputs["dy"] = [uniform(dims, dtype) for _ in range(sets)] if backward else None
-                        if mask == "padding":
-                            inputs["mask"] = [(torch.tensor(padding_lengths(b, k, s), dtype=torch.int32,
-                                                            device="cuda"),) for s in range(sets)]
-                        elif mask == "bias":
-                            bias = uniform((h, q, k), dtype, 2.0)
-                            window_mask = uniform((windows, q, k), dtype) if windows > 0 else None
-                            inputs["mask"] = [(bias, window_mask)] * sets
-                        else:
-                            inputs["mask"] = [()] * sets
-                    i = inputs
-                    return lambda s: fn(i["x"][s], i["mask"][s], i["dy"][s] if backward else None)
+    def make_step(fn):
+        b, h, q, k = dims = (batch, heads, queries, keys)
+        if not inputs:
+            inputs["x"] = [uniform(dims, dtype, 8.0) for _ in range(sets)]
+            inputs["dy"] = [uniform(dims, dtype) for _ in range(sets)] if backward else None
+            if mask == "padding":
+                inputs["mask"] = [(torch.tensor(padding_lengths(b, k, s), dtype=torch.int32,
+                                                device="cuda"),) for s in range(sets)]
+            elif mask == "bias":
+                bias = uniform((h, q, k), dtype, 2.0)
+                window_mask = uniform((windows, q, k), dtype) if windows > 0 else None
+                inputs["mask"] = [(bias, window_mask)] * sets
+            else:
+                inputs["mask"] = [()] * sets
+        i = inputs
+        return lambda s: fn(i["x"][s], i["mask"][s], i["dy"][s] if backward else None)
 
-                yield PeerCase(case_name(NAME, shape, dtype_name, backward), NAME, shape, dtype_name,
-                               bytes_moved(batch, heads, queries, keys, mask, windows, size, backward), sets,
-                               make_step, FUNCTIONS[mask], backward, release=inputs.clear)
+    return PeerCase(case.name, sets, make_step, FUNCTIONS[mask], backward, release=inputs.clear)

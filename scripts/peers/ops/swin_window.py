@@ -1,13 +1,9 @@
-"""What the Swin window-operation peers share (not an operator): their shapes, as
-suites/ops/swin_window.cpp parses and lists them, and Swin's own window_partition/window_reverse."""
+"""What the Swin window-operation peers share (not an operator): their shapes' parsing, as
+suites/ops/swin_window.cpp parses them, and Swin's own window_partition/window_reverse."""
 import re
 
 import torch
 
-# Swin-T's four stages at batch 64 (window 7; the 7 x 7 stage is one window, not shifted), Swin-B's
-# first stage, Swin-L's second stage at a 384 x 384 input with window 12 at batch 32.
-WINDOW_SHAPES = ["64x56x56x96:ws7:shift3", "64x28x28x192:ws7:shift3", "64x14x14x384:ws7:shift3",
-                 "64x7x7x768:ws7:shift0", "64x56x56x128:ws7:shift3", "32x96x96x192:ws12:shift6"]
 EPS = 1e-5  # nn.LayerNorm's default, as Swin uses it
 
 

@@ -1,16 +1,12 @@
 """Swin window attention peers: Swin's WindowAttention.forward from the packed qkv (permute, q * scale,
 q @ k^T, + the relative position bias gathered from the table every step, + the shift mask, softmax,
 @ v, transpose, reshape), forward and forward + backward through autograd (dqkv and the table's
-gradient), as baselines/window_attention.cpp composes it. Shapes and byte counts as
+gradient), as baselines/window_attention.cpp composes it. Shapes parsed as
 suites/ops/window_attention.cpp."""
 import torch
 
-from .common import DTYPES, PeerCase, case_name, rotation_sets, uniform
+from .common import DTYPES, PeerCase, rotation_sets, uniform
 
-NAME = "window_attention"
-# The suite's shapes (suites/ops/window_attention.cpp).
-SHAPES = ["8192x3x49x32:shift", "2048x6x49x32:shift", "512x12x49x32:shift",
-          "128x24x49x32", "8192x4x49x32:shift", "2048x6x144x32:shift"]
 SHIFT_MASK_WINDOWS = 64
 
 
@@ -33,20 +29,6 @@ def relative_position_index(window: int) -> torch.Tensor:
     relative[:, :, 1] += window - 1
     relative[:, :, 0] *= 2 * window - 1
     return relative.sum(-1).to("cuda")
-
-
-def bytes_moved(windows, heads, tokens, head_dim, mask_windows, size, backward) -> float:
-    """The same count as bytes_moved in suites/ops/window_attention.cpp."""
-    rows = windows * tokens
-    qkv = rows * 3 * heads * head_dim * size
-    out = rows * heads * head_dim * size
-    lse = rows * heads * 4
-    pairs = tokens * tokens
-    table = (2 * window_of(tokens) - 1) ** 2 * heads * size
-    small = pairs * 4 + heads * pairs * 4 + mask_windows * pairs * 4
-    forward = qkv + out + lse + table + small
-    backward_bytes = qkv + out + out + lse + qkv + table + small
-    return float(forward + backward_bytes if backward else forward)
 
 
 def attention(qkv, table, index, mask, scale):
@@ -76,32 +58,27 @@ def with_autograd(qkv, table, index, mask, scale, dout):
     return out
 
 
-def cases(dtypes, directions, shapes=None):
-    for dtype_name in dtypes:
-        for backward in directions:
-            for shape in shapes or SHAPES:
-                windows, heads, tokens, head_dim, mask_windows = parse(shape)
-                dtype = DTYPES[dtype_name]
-                size = torch.finfo(dtype).bits // 8
-                rows = windows * tokens
-                per_set = (rows * 3 * heads * head_dim + rows * heads * head_dim) * size * (2 if backward else 1) + \
-                    rows * heads * 4
-                sets = rotation_sets(per_set)
-                inputs = {}
+def make_case(case):
+    windows, heads, tokens, head_dim, mask_windows = parse(case.shape)
+    dtype = DTYPES[case.dtype]
+    size = torch.finfo(dtype).bits // 8
+    backward = case.backward
+    rows = windows * tokens
+    per_set = (rows * 3 * heads * head_dim + rows * heads * head_dim) * size * (2 if backward else 1) + \
+        rows * heads * 4
+    sets = rotation_sets(per_set)
+    inputs = {}
 
-                def make_step(fn, dims=(windows, heads, tokens, head_dim, mask_windows), dtype=dtype, sets=sets,
-                              backward=backward, inputs=inputs):
-                    w, h, n, d, nw = dims
-                    if not inputs:
-                        inputs["qkv"] = [uniform((w, n, 3, h, d), dtype) for _ in range(sets)]
-                        inputs["dout"] = [uniform((w, n, h * d), dtype) for _ in range(sets)] if backward else None
-                        inputs["table"] = uniform(((2 * window_of(n) - 1) ** 2, h), dtype)
-                        inputs["index"] = relative_position_index(window_of(n))
-                        inputs["mask"] = uniform((nw, n, n), torch.float32) if nw > 0 else None
-                    i, scale = inputs, d ** -0.5
-                    return lambda s: fn(i["qkv"][s], i["table"], i["index"], i["mask"], scale,
-                                        i["dout"][s] if backward else None)
+    def make_step(fn):
+        w, h, n, d, nw = windows, heads, tokens, head_dim, mask_windows
+        if not inputs:
+            inputs["qkv"] = [uniform((w, n, 3, h, d), dtype) for _ in range(sets)]
+            inputs["dout"] = [uniform((w, n, h * d), dtype) for _ in range(sets)] if backward else None
+            inputs["table"] = uniform(((2 * window_of(n) - 1) ** 2, h), dtype)
+            inputs["index"] = relative_position_index(window_of(n))
+            inputs["mask"] = uniform((nw, n, n), torch.float32) if nw > 0 else None
+        i, scale = inputs, d ** -0.5
+        return lambda s: fn(i["qkv"][s], i["table"], i["index"], i["mask"], scale,
+                            i["dout"][s] if backward else None)
 
-                yield PeerCase(case_name(NAME, shape, dtype_name, backward), NAME, shape, dtype_name,
-                               bytes_moved(windows, heads, tokens, head_dim, mask_windows, size, backward), sets,
-                               make_step, with_autograd, backward, release=inputs.clear)
+    return PeerCase(case.name, sets, make_step, with_autograd, backward, release=inputs.clear)

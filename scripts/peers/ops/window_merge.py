@@ -2,18 +2,8 @@
 block after its window attention); forward and forward + backward through autograd."""
 import torch
 
-from .common import DTYPES, PeerCase, case_name, rotation_sets, uniform
-from .swin_window import WINDOW_SHAPES, parse_window_shape, size_of, window_reverse
-
-NAME = "window_merge"
-SHAPES = WINDOW_SHAPES  # suites/ops/swin_window.cpp
-
-
-def bytes_moved(b: int, h: int, w: int, c: int, size: int, backward: bool) -> float:
-    # Forward reads windows and shortcut and writes y; backward reads dy and writes dwindows (the
-    # shortcut's gradient is dy itself: nothing is written for it).
-    n = b * h * w * c
-    return 3 * n * size + (2 * n * size if backward else 0)
+from .common import DTYPES, PeerCase, rotation_sets, uniform
+from .swin_window import parse_window_shape, size_of, window_reverse
 
 
 def window_merge(windows, shortcut, dy, window: int, shift: int):
@@ -29,27 +19,21 @@ def window_merge(windows, shortcut, dy, window: int, shift: int):
     return y
 
 
-def cases(dtypes, directions, shapes=None):
-    for dtype_name in dtypes:
-        for backward in directions:
-            for shape in shapes or SHAPES:
-                b, h, w, c, window, shift = parse_window_shape(shape)
-                dtype = DTYPES[dtype_name]
-                size = size_of(dtype)
-                sets = rotation_sets(b * h * w * c * size * (5 if backward else 3))
-                inputs = {}
+def make_case(case):
+    b, h, w, c, window, shift = parse_window_shape(case.shape)
+    dtype = DTYPES[case.dtype]
+    size = size_of(dtype)
+    backward = case.backward
+    sets = rotation_sets(b * h * w * c * size * (5 if backward else 3))
+    inputs = {}
 
-                def make_step(fn, b=b, h=h, w=w, c=c, window=window, shift=shift, dtype=dtype, sets=sets,
-                              backward=backward, inputs=inputs):
-                    if not inputs:
-                        windows = (b * h * w // (window * window), window * window, c)
-                        inputs["windows"] = [uniform(windows, dtype) for _ in range(sets)]
-                        inputs["shortcut"] = [uniform((b, h, w, c), dtype) for _ in range(sets)]
-                        inputs["dy"] = [uniform((b, h, w, c), dtype) for _ in range(sets)] if backward else None
-                    i = inputs
-                    return lambda s: fn(i["windows"][s], i["shortcut"][s], i["dy"][s] if backward else None,
-                                        window, shift)
+    def make_step(fn):
+        if not inputs:
+            windows = (b * h * w // (window * window), window * window, c)
+            inputs["windows"] = [uniform(windows, dtype) for _ in range(sets)]
+            inputs["shortcut"] = [uniform((b, h, w, c), dtype) for _ in range(sets)]
+            inputs["dy"] = [uniform((b, h, w, c), dtype) for _ in range(sets)] if backward else None
+        i = inputs
+        return lambda s: fn(i["windows"][s], i["shortcut"][s], i["dy"][s] if backward else None, window, shift)
 
-                yield PeerCase(case_name(NAME, shape, dtype_name, backward), NAME, shape, dtype_name,
-                               bytes_moved(b, h, w, c, size, backward), sets, make_step, window_merge, backward,
-                               release=inputs.clear)
+    return PeerCase(case.name, sets, make_step, window_merge, backward, release=inputs.clear)

@@ -1,0 +1,51 @@
+"""The peers' side of fusekit's protocol (suites/peers.h), without torch: the listing of cases that
+fusekit hands over (`fusekit cases`, a JSON array of objects), and the result lines handed back, one
+JSON object per case and variant, which fusekit checks and writes into its store."""
+import json
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ListedCase:
+    """One case as fusekit lists it; the peers time it under this name."""
+    name: str        # "<op>/<shape>/<dtype>/<fwd|fwd+bwd>"
+    op: str
+    shape: str       # the operator's shape syntax (suites/ops/<op>.cpp)
+    dtype: str       # fp32 | fp16 | bf16
+    backward: bool   # direction "fwd+bwd"
+    bytes: float     # bytes that must move, as fusekit counts them
+    flops: float     # floating-point operations (0: not counted)
+
+
+def parse_cases(text: str, source: str) -> list:
+    """The cases of a listing; ValueError naming `source` on anything else."""
+    try:
+        listing = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{source}: not a JSON listing of cases: {e}") from None
+    if not isinstance(listing, list):
+        raise ValueError(f"{source}: expected a JSON array of cases")
+    cases = []
+    for i, entry in enumerate(listing):
+        try:
+            if entry["direction"] not in ("fwd", "fwd+bwd"):
+                raise ValueError(f"direction {entry['direction']!r}")
+            cases.append(ListedCase(str(entry["name"]), str(entry["op"]), str(entry["shape"]), str(entry["dtype"]),
+                                    entry["direction"] == "fwd+bwd", float(entry["bytes"]), float(entry["flops"])))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{source}: case {i + 1}: bad or missing field {e}") from None
+    return cases
+
+
+def read_cases(path: str) -> list:
+    """The listing in the file at `path`, or on standard input for "-"."""
+    if path == "-":
+        return parse_cases(sys.stdin.read(), "standard input")
+    with open(path, encoding="utf-8") as f:
+        return parse_cases(f.read(), path)
+
+
+def result_line(name: str, variant: str, samples_ns: list) -> str:
+    """One result: the case's name, its variant ("peer:eager"), every sample in nanoseconds."""
+    return json.dumps({"name": name, "variant": variant, "samples_ns": [float(s) for s in samples_ns]}) + "\n"

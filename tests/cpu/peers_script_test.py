@@ -1,0 +1,78 @@
+"""The peers' side of the protocol, without torch: the listing that `fusekit cases` prints reads back
+through scripts/peers/ops/cases.py, every listed operator has its peer module, the result lines are
+what fusekit's parser takes, and the peer scripts hold no store writer, shape list or byte formula.
+
+usage: peers_script_test.py FUSEKIT SCRIPTS_PEERS_DIR
+"""
+import json
+import os
+import py_compile
+import re
+import subprocess
+import sys
+import tempfile
+
+fusekit, peers_dir = sys.argv[1], sys.argv[2]
+sys.path.insert(0, peers_dir)
+from ops.cases import parse_cases, read_cases, result_line  # noqa: E402 (after the path is set)
+
+failures = []
+
+
+def check(condition, message):
+    if not condition:
+        failures.append(message)
+
+
+def listing(*args):
+    return subprocess.run([fusekit, "cases", *args], check=True, capture_output=True, text=True).stdout
+
+
+# Every case of both suites: names as fusekit builds them, and a peer module for every operator.
+for suite in ("ops", "attention"):
+    cases = parse_cases(listing("--suite", suite), suite)
+    check(len(cases) > 0, f"{suite}: no cases listed")
+    for case in cases:
+        direction = "fwd+bwd" if case.backward else "fwd"
+        check(case.name == f"{case.op}/{case.shape}/{case.dtype}/{direction}", f"{case.name}: name not built from parts")
+        check(case.bytes > 0, f"{case.name}: no bytes")
+        check(os.path.exists(os.path.join(peers_dir, "ops", f"{case.op}.py")), f"{case.op}: no peer module")
+
+# One case, from a file, as bench hands it over; flops where fusekit counts them.
+with tempfile.TemporaryDirectory() as folder:
+    path = os.path.join(folder, "cases.json")
+    subprocess.run([fusekit, "cases", "--op", "linear", "--shape", "8192x768x3072:bias", "--dtype", "fp16",
+                    "--backward", "-o", path], check=True)
+    [case] = read_cases(path)
+    check(case.name == "linear/8192x768x3072:bias/fp16/fwd+bwd", f"one case: {case.name}")
+    check(case.backward and case.flops == 2.0 * 8192 * 768 * 3072 * 3, f"one case: {case}")
+
+# A bad listing is one clear error.
+for text in ("{", "{}", '[{"name": "a"}]', '[{"name": "a", "op": "a", "shape": "1", "dtype": "fp16", '
+                                             '"direction": "back", "bytes": 1, "flops": 0}]'):
+    try:
+        parse_cases(text, "listing")
+        failures.append(f"no error for listing {text!r}")
+    except ValueError as e:
+        check(str(e).startswith("listing: "), f"error does not name its source: {e}")
+
+# A result line: one JSON object with exactly the fields fusekit's parser takes (suites/peers.h).
+line = result_line("layernorm/8192x768/fp16/fwd", "peer:eager", [31000.5, 30999])
+check(line.endswith("\n") and line.count("\n") == 1, "a result is not one line")
+check(json.loads(line) == {"name": "layernorm/8192x768/fp16/fwd", "variant": "peer:eager",
+                           "samples_ns": [31000.5, 30999.0]}, f"result line: {line}")
+
+# The scripts compile, write no store, and keep no shape lists, operator lists or byte formulas.
+scripts = [os.path.join(peers_dir, "ops.py")] + [os.path.join(peers_dir, "ops", f)
+                                                for f in sorted(os.listdir(os.path.join(peers_dir, "ops")))
+                                                if f.endswith(".py")]
+for script in scripts:
+    py_compile.compile(script, cfile=os.path.join(tempfile.gettempdir(), "peers_script_test.pyc"), doraise=True)
+    text = open(script, encoding="utf-8").read()
+    for pattern in (r"\bsqlite3\b", r"\bSHAPES\b", r"\bOPERATORS\b", r"\bbytes_moved\b", r"INSERT INTO"):
+        check(re.search(pattern, text) is None, f"{os.path.basename(script)}: holds {pattern}")
+
+for failure in failures:
+    print("FAIL:", failure)
+print(f"peers_script_test: {'FAILED' if failures else 'passed'}")
+sys.exit(1 if failures else 0)
