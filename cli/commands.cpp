@@ -22,8 +22,9 @@
 #include "reports/html.h"
 #include "reports/json.h"
 #include "reports/markdown.h"
-#include "reports/store.h"
+#include "reports/run_report.h"
 #include "reports/terminal.h"
+#include "store/store.h"
 #include "suites/demo.h"
 #include "suites/ops/ops_suite.h"
 #include "suites/runner.h"
@@ -31,7 +32,7 @@
 namespace fusekit::cli {
 namespace {
 
-using reports::Store;
+using store::Store;
 
 std::string join(const std::vector<std::string>& parts) {
   std::string out;
@@ -39,9 +40,9 @@ std::string join(const std::vector<std::string>& parts) {
   return out;
 }
 
-reports::RunInfo describe_run(const std::string& label, const std::vector<std::string>& argv,
-                              const profiler::Environment& env) {
-  reports::RunInfo info;
+store::RunInfo describe_run(const std::string& label, const std::vector<std::string>& argv,
+                            const profiler::Environment& env) {
+  store::RunInfo info;
   info.label = label;
   // The program by its name, not the machine's path to it.
   std::vector<std::string> words = argv;
@@ -257,7 +258,7 @@ int bench(const BenchOptions& o) {
       suites::run_cases(store, run, demo.cases(), options);
     }
     store.finish_run(run, "ok", 0);
-    std::cout << reports::case_table_text(store.load_cases(run));
+    std::cout << reports::case_table_text(reports::load_case_results(store, run));
     std::cout << "run " << run << " recorded in " << o.db << "\n";
     check_dropped(store.run(run).dropped_records, o.allow_dropped);
   } catch (...) {
@@ -284,7 +285,7 @@ int trace(const TraceOptions& o) {
     throw;
   }
   store.finish_run(run, exit_code == 0 ? "ok" : "failed", exit_code);
-  const reports::RunReport report = store.load_report(run);
+  const reports::RunReport report = reports::load_run_report(store, run);
   std::fprintf(
       stderr,
       "fusekit: run %lld: %llu kernels, %llu copies, %llu ranges, %llu API calls recorded in %s; exit code %d\n",
@@ -302,7 +303,7 @@ int trace(const TraceOptions& o) {
 
 int summary(const SummaryOptions& o) {
   OpenedRun r = open_run(o.source);
-  const reports::RunInfo info = r.store.run(r.run);
+  const store::RunInfo info = r.store.run(r.run);
   profiler::Trace trace = r.store.load_trace(r.run);
   profiler::Attribution attribution = profiler::attribute(trace);
   std::optional<std::string> only;
@@ -317,7 +318,7 @@ int summary(const SummaryOptions& o) {
   std::cout << "NVTX range summary:\n\n"
             << reports::range_table_text(profiler::summarize_ranges(trace, attribution), static_cast<size_t>(o.top))
             << "\n";
-  const auto cases = r.store.load_cases(r.run);
+  const auto cases = reports::load_case_results(r.store, r.run);
   if (!cases.empty()) std::cout << "Cases:\n\n" << reports::case_table_text(cases) << "\n";
   std::printf(
       "totals: %llu kernels, %.3f ms kernel time, GPU busy %.3f ms of %.3f ms wall (idle %.1f%%), %llu copies (%llu "
@@ -334,7 +335,7 @@ int summary(const SummaryOptions& o) {
 
 int compare(const CompareOptions& o) {
   OpenedRun a = open_run(o.a);
-  const reports::RunReport report_a = a.store.load_report(a.run);
+  const reports::RunReport report_a = reports::load_run_report(a.store, a.run);
   if (o.b.db.empty()) {
     const size_t comma = o.variants.find(',');
     if (comma == std::string::npos) throw std::invalid_argument("--variants takes two variants: A,B");
@@ -346,7 +347,7 @@ int compare(const CompareOptions& o) {
     return 0;
   }
   OpenedRun b = open_run(o.b);
-  const reports::RunReport report_b = b.store.load_report(b.run);
+  const reports::RunReport report_b = reports::load_run_report(b.store, b.run);
   const auto rows = reports::compare_runs(report_a.cases, report_b.cases);
   const auto diff = reports::diff_kernels(report_a.kernels, report_b.kernels);
   if (!rows.empty())
@@ -357,7 +358,7 @@ int compare(const CompareOptions& o) {
 
 int report(const ReportOptions& o) {
   OpenedRun r = open_run(o.source);
-  const reports::RunReport rep = r.store.load_report(r.run);
+  const reports::RunReport rep = reports::load_run_report(r.store, r.run);
   std::string content;
   if (o.format == "csv") {
     if (o.table == "cases")
@@ -395,8 +396,8 @@ int gate(const GateOptions& o) {
   options.min_samples = static_cast<size_t>(o.min_samples);
   OpenedRun baseline = open_run(o.baseline);
   OpenedRun candidate = open_run(o.candidate);
-  const auto result =
-      reports::run_gate(baseline.store.load_cases(baseline.run), candidate.store.load_cases(candidate.run), options);
+  const auto result = reports::run_gate(reports::load_case_results(baseline.store, baseline.run),
+                                        reports::load_case_results(candidate.store, candidate.run), options);
   std::cout << reports::gate_table_text(result);
   if (!o.markdown_output.empty()) write_output(o.markdown_output, reports::gate_table_markdown(result));
   if (result.rows.empty()) throw std::runtime_error("no case is present in both runs; nothing to gate");

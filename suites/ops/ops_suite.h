@@ -45,8 +45,8 @@ const std::vector<OpDefinition>& ops();
 std::vector<Case> ops_cases(const OpsRequest& request);
 
 // The case description every operator fills the same way: name "<op>/<shape>/<dtype>/<fwd|fwd+bwd>".
-reports::CaseInfo make_case_info(const std::string& op, const std::string& shape, kernels::DType dtype, bool backward,
-                                 double bytes);
+store::CaseInfo make_case_info(const std::string& op, const std::string& shape, kernels::DType dtype, bool backward,
+                               double bytes);
 
 // Whether the libtorch baselines were built in.
 bool baselines_available();
