@@ -1,10 +1,5 @@
 #include "cli/commands.h"
 
-#include <limits.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -13,7 +8,6 @@
 #include <iostream>
 #include <stdexcept>
 
-#include "profiler/cupti_tracer.h"
 #include "profiler/environment.h"
 #include "reports/chrome_trace.h"
 #include "reports/compare.h"
@@ -25,48 +19,15 @@
 #include "reports/run_report.h"
 #include "reports/terminal.h"
 #include "store/store.h"
-#include "suites/demo.h"
 #include "suites/ops/ops_suite.h"
+#include "suites/recorded_command.h"
 #include "suites/runner.h"
+#include "suites/session.h"
 
 namespace fusekit::cli {
 namespace {
 
 using store::Store;
-
-std::string join(const std::vector<std::string>& parts) {
-  std::string out;
-  for (const auto& p : parts) out += (out.empty() ? "" : " ") + p;
-  return out;
-}
-
-store::RunInfo describe_run(const std::string& label, const std::vector<std::string>& argv,
-                            const profiler::Environment& env) {
-  store::RunInfo info;
-  info.label = label;
-  // The program by its name, not the machine's path to it.
-  std::vector<std::string> words = argv;
-  if (!words.empty()) words[0] = words[0].substr(words[0].find_last_of('/') + 1);
-  info.command_line = join(words);
-  info.git_commit = env.git_commit;
-  info.host = env.host;
-  if (!env.gpus.empty()) {
-    info.gpu_name = env.gpus.front().name;
-    info.gpu_uuid = env.gpus.front().uuid;
-  }
-  info.driver_version = env.driver_version;
-  info.cuda_version = env.runtime_version;
-  info.libtorch_version = env.libtorch_version;
-  return info;
-}
-
-std::string directory_of_executable() {
-  char buf[PATH_MAX] = {};
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return ".";
-  std::string path(buf, static_cast<size_t>(n));
-  return path.substr(0, path.find_last_of('/'));
-}
 
 struct OpenedRun {
   Store store;
@@ -78,60 +39,6 @@ OpenedRun open_run(const RunSelection& s) {
   int64_t run = s.run > 0 ? s.run : store.latest_run();
   (void)store.run(run);
   return {std::move(store), run};
-}
-
-void check_dropped(uint64_t dropped, bool allowed) {
-  if (dropped == 0) return;
-  if (!allowed) {
-    throw std::runtime_error(std::to_string(dropped) +
-                             " trace records were dropped (the data kept is in the store); rerun, or pass "
-                             "--allow-dropped to accept an incomplete trace");
-  }
-  std::fprintf(stderr, "fusekit: warning: %llu trace records were dropped\n", static_cast<unsigned long long>(dropped));
-}
-
-// Runs `command` with FUSEKIT_TRACE_DB and FUSEKIT_TRACE_RUN naming `run` of the store at `db`, and,
-// if `traced`, with the injection library, its records going into that run. Returns its exit code
-// (128 + signal if killed, 127 if it could not be started).
-int run_child(const std::string& db, int64_t run, const std::vector<std::string>& command, int flush_ms, bool traced) {
-  const char* override_path = std::getenv("FUSEKIT_INJECT_LIBRARY");
-  const std::string inject = override_path ? override_path : directory_of_executable() + "/libfusekit_inject.so";
-  const std::string cupti = profiler::cupti_library_path();
-  if (traced && access(inject.c_str(), R_OK) != 0) throw std::runtime_error("injection library not found: " + inject);
-  if (traced && cupti.empty()) throw std::runtime_error("the CUPTI library is not loaded; cannot trace NVTX ranges");
-  // Everything the child needs is built here, before it exists: between fork and exec only
-  // async-signal-safe calls are allowed, so the child is started with posix_spawnp.
-  std::vector<std::string> overrides = {"FUSEKIT_TRACE_DB=" + db, "FUSEKIT_TRACE_RUN=" + std::to_string(run),
-                                        "FUSEKIT_TRACE_FLUSH_MS=" + std::to_string(flush_ms)};
-  if (traced) {
-    overrides.push_back("CUDA_INJECTION64_PATH=" + inject);
-    overrides.push_back("NVTX_INJECTION64_PATH=" + cupti);
-  }
-  std::vector<std::string> environment;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry = *e;
-    const std::string key = entry.substr(0, entry.find('=') + 1);
-    bool replaced = false;
-    for (const std::string& o : overrides) replaced = replaced || o.compare(0, key.size(), key) == 0;
-    if (!replaced) environment.push_back(entry);
-  }
-  environment.insert(environment.end(), overrides.begin(), overrides.end());
-  std::vector<char*> envp, argv;
-  for (std::string& e : environment) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> args = command;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t child = 0;
-  const int rc = posix_spawnp(&child, argv[0], nullptr, nullptr, argv.data(), envp.data());
-  if (rc != 0) {
-    std::fprintf(stderr, "fusekit: cannot run '%s': %s\n", argv[0], std::strerror(rc));
-    return 127;
-  }
-  int status = 0;
-  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 }  // namespace
@@ -200,72 +107,22 @@ int bench(const BenchOptions& o) {
     throw std::invalid_argument("--ops selects operators of --suite ops or attention (for one case: --op)");
   }
   if (ops) ops_cases = suites::ops_cases({o.op, o.shape, o.dtype, o.backward, o.ops, o.op.empty() ? o.suite : "ops"});
-  if (access(o.db.c_str(), F_OK) == 0) (void)Store::open(o.db, Store::Mode::read_only);  // refuse a foreign file first
-  if (std::string reason = profiler::gpu_unavailable_reason(); !reason.empty()) {
-    throw std::runtime_error("no GPU: " + reason);
-  }
-  profiler::prepare_nvtx_injection();  // before the first NVTX call
-  Store store = Store::open(o.db, Store::Mode::create);
-  const profiler::Environment env = profiler::read_environment();
-  const int64_t run = store.begin_run(describe_run(o.label, o.argv, env));
-  for (const auto& g : env.gpus) store.add_gpu(run, g);
-  try {
-    const double ceiling = suites::measure_copy_ceiling(size_t{1} << 30, 20);
-    store.set_copy_ceiling(run, ceiling);
-    std::fprintf(stderr, "fusekit: device copy ceiling %.2f TB/s\n", ceiling / 1e12);
-    suites::RunnerOptions options{o.warmup, o.repetitions, o.traced_repetitions, o.warmup_ms, o.sample_us};
-    if (ops) {
-      if (!suites::baselines_available())
-        std::fprintf(stderr, "fusekit: built without libtorch: no baseline variants\n");
-      suites::run_cases(store, run, ops_cases, options);
-      if (!o.peers.empty()) {
-        // PyTorch eager and torch.compile on the same cases: timed untraced, then traced for the
-        // kernel shares, both into this run.
-        std::fprintf(stderr, "fusekit: timing the peers: python3 %s\n", o.peers.c_str());
-        std::vector<std::string> peer_args = {"python3",     o.peers,
-                                              "--reps",      std::to_string(o.repetitions),
-                                              "--warmup",    std::to_string(o.warmup),
-                                              "--warmup-ms", std::to_string(o.warmup_ms),
-                                              "--sample-us", std::to_string(o.sample_us)};
-        if (!o.op.empty()) {  // the one case bench ran
-          peer_args.insert(peer_args.end(), {"--ops", o.op, "--shapes", o.shape, "--dtypes", o.dtype, "--directions",
-                                             o.backward ? "fwd+bwd" : "fwd"});
-        } else {
-          if (!o.dtype.empty()) peer_args.insert(peer_args.end(), {"--dtypes", o.dtype});  // one dtype
-          // The operators bench ran: those named, else every one of the suite.
-          std::string names;
-          for (const suites::OpDefinition& op : suites::ops()) {
-            const bool named = std::find(o.ops.begin(), o.ops.end(), op.name) != o.ops.end();
-            if (op.suite == o.suite && (o.ops.empty() || named)) names += (names.empty() ? "" : ",") + op.name;
-          }
-          peer_args.insert(peer_args.end(), {"--ops", names});
-        }
-        int code = run_child(o.db, run, peer_args, 1000, false);
-        if (code == 0) {
-          std::fprintf(stderr, "fusekit: tracing the peers: python3 %s --traced-only\n", o.peers.c_str());
-          peer_args.push_back("--traced-only");
-          code = run_child(o.db, run, peer_args, 1000, true);
-        }
-        if (code != 0) throw std::runtime_error("the peers script failed with exit code " + std::to_string(code));
-      }
-    } else {
-      suites::DemoSuite demo;
-      profiler::CuptiTracer& tracer = profiler::CuptiTracer::instance();
-      tracer.start();
-      demo.upload(nullptr);
-      tracer.stop();
-      store.append_trace(run, tracer.flush());
-      suites::run_cases(store, run, demo.cases(), options);
+  suites::Session session({o.db, o.label, o.argv, o.allow_dropped});  // from here on, the run is recorded
+  session.record_copy_ceiling();
+  const suites::RunnerOptions options{o.warmup, o.repetitions, o.traced_repetitions, o.warmup_ms, o.sample_us};
+  if (ops) {
+    if (!suites::baselines_available()) std::fprintf(stderr, "fusekit: built without libtorch: no baseline variants\n");
+    session.run_cases(ops_cases, options);
+    if (!o.peers.empty()) {
+      session.run_peers({o.peers, o.repetitions, o.warmup, o.warmup_ms, o.sample_us, o.op, o.shape, o.dtype, o.backward,
+                         o.ops, o.suite});
     }
-    store.finish_run(run, "ok", 0);
-    std::cout << reports::case_table_text(reports::load_case_results(store, run));
-    std::cout << "run " << run << " recorded in " << o.db << "\n";
-    check_dropped(store.run(run).dropped_records, o.allow_dropped);
-  } catch (...) {
-    store.finish_run(run, "failed", 1);
-    throw;
+  } else {
+    session.run_demo(options);
   }
-  return 0;
+  std::cout << reports::case_table_text(reports::load_case_results(session.store(), session.run()));
+  std::cout << "run " << session.run() << " recorded in " << o.db << "\n";
+  return session.finish();
 }
 
 int trace(const TraceOptions& o) {
@@ -274,12 +131,11 @@ int trace(const TraceOptions& o) {
 
   Store store = Store::open(o.db, Store::Mode::create);
   const profiler::Environment env = profiler::read_environment();
-  const int64_t run = store.begin_run(describe_run(o.label, o.command, env));
-  for (const auto& g : env.gpus) store.add_gpu(run, g);
+  const int64_t run = suites::begin_run(store, o.label, o.command, env);
 
   int exit_code = 0;
   try {
-    exit_code = run_child(o.db, run, o.command, o.flush_ms, true);
+    exit_code = suites::run_recorded_command(o.db, run, o.command, o.flush_ms, true);
   } catch (...) {
     store.finish_run(run, "failed", 1);  // never leave a run marked running
     throw;
@@ -297,7 +153,7 @@ int trace(const TraceOptions& o) {
                  "fusekit: warning: nothing was traced: the program made no CUDA calls, or the injection library "
                  "did not load (FUSEKIT_TRACE_VERBOSE=1 says which)\n");
   }
-  check_dropped(report.run.dropped_records, o.allow_dropped);
+  suites::check_dropped(report.run.dropped_records, o.allow_dropped);
   return exit_code;
 }
 
