@@ -2,16 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
-#include <map>
 #include <stdexcept>
 #include <utility>
 
 #include "profiler/summary.h"
-#include "reports/compare.h"
-#include "reports/markdown.h"
-#include "reports/terminal.h"
 
 namespace fusekit::reports {
 namespace {
@@ -44,43 +39,6 @@ double exact_lower_tail(size_t m, size_t n, size_t k) {
     if (u <= k) below += counts[u];
   }
   return static_cast<double>(below) / static_cast<double>(total);
-}
-
-std::string format_change(double change) {
-  if (!std::isfinite(change)) return "-";
-  return (change >= 0 ? "+" : "") + format_fixed(100 * change, 1);
-}
-
-std::string format_p_value(double p) {
-  if (std::isnan(p)) return "-";
-  if (p >= 1e-3) return format_fixed(p, 3);
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1e", p);
-  return buf;
-}
-
-std::vector<std::vector<std::string>> gate_rows(const GateResult& result, bool markdown) {
-  std::vector<std::vector<std::string>> rows = {
-      {"Baseline (us)", "Candidate (us)", "Change (%)", "p-value", "Samples", "Verdict", "Variant", "Case"}};
-  for (const GateRow& r : result.rows) {
-    std::string verdict = verdict_name(r.verdict);
-    if (markdown && r.verdict == Verdict::regressed) verdict = "**" + verdict + "**";
-    rows.push_back({format_microseconds(r.baseline_median_ns), format_microseconds(r.candidate_median_ns),
-                    format_change(r.change), format_p_value(r.p_value),
-                    std::to_string(r.baseline_n) + "/" + std::to_string(r.candidate_n), verdict,
-                    markdown ? markdown_code(r.variant) : r.variant, markdown ? markdown_code(r.name) : r.name});
-  }
-  return rows;
-}
-
-std::string verdict_counts(const GateResult& result) {
-  std::map<Verdict, size_t> count;
-  for (const GateRow& r : result.rows) ++count[r.verdict];
-  std::string out;
-  for (Verdict v : {Verdict::regressed, Verdict::improved, Verdict::unchanged, Verdict::too_few_samples}) {
-    out += (out.empty() ? "" : ", ") + std::to_string(count[v]) + " " + verdict_name(v);
-  }
-  return out + "\n";
 }
 
 }  // namespace
@@ -192,25 +150,6 @@ std::string verdict_name(Verdict verdict) {
       return "too few samples";
   }
   throw std::invalid_argument("verdict_name: unknown verdict " + std::to_string(static_cast<int>(verdict)));
-}
-
-std::string gate_table_text(const GateResult& result) {
-  std::string out = aligned_table(gate_rows(result, false), 5) + verdict_counts(result);
-  for (const std::string& c : result.only_in_baseline) out += "only in baseline:  " + c + "\n";
-  for (const std::string& c : result.only_in_candidate) out += "only in candidate: " + c + "\n";
-  return out;
-}
-
-std::string gate_table_markdown(const GateResult& result) {
-  std::string out = markdown_table(gate_rows(result, true), 5) + "\n" + verdict_counts(result);
-  auto list = [&](const char* title, const std::vector<std::string>& cases) {
-    if (cases.empty()) return;
-    out += std::string("\n**") + title + ":**\n\n";
-    for (const std::string& c : cases) out += "- " + markdown_code(c) + "\n";
-  };
-  list("Only in baseline", result.only_in_baseline);
-  list("Only in candidate", result.only_in_candidate);
-  return out;
 }
 
 }  // namespace fusekit::reports

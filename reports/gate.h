@@ -55,9 +55,7 @@ GateResult run_gate(const std::vector<CaseResult>& baseline, const std::vector<C
 
 std::string verdict_name(Verdict verdict);
 
-// Columns: Baseline (us), Candidate (us), Change (%), p-value, Samples, Verdict, Variant, Case; then the
-// one-sided cases and a count per verdict.
-std::string gate_table_text(const GateResult& result);
-std::string gate_table_markdown(const GateResult& result);
+// The gate's tables are written by the writers: gate_table_text (reports/terminal.h) and
+// gate_table_markdown (reports/markdown.h).
 
 }  // namespace fusekit::reports

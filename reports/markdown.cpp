@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <string_view>
+
+#include "reports/terminal.h"
 
 namespace fusekit::reports {
 namespace {
@@ -196,6 +199,59 @@ std::string report_markdown(const RunReport& report) {
   section("Cases", case_table(report), "No cases in this run.");
   section("Kernels", kernel_table(report), "No kernels were traced in this run.");
   section("Ranges", range_table(report), "No NVTX ranges were traced in this run.");
+  return out;
+}
+
+namespace {
+
+std::string format_change(double change) {
+  if (!std::isfinite(change)) return "-";
+  return (change >= 0 ? "+" : "") + format_fixed(100 * change, 1);
+}
+
+std::string format_p_value(double p) {
+  if (std::isnan(p)) return "-";
+  if (p >= 1e-3) return format_fixed(p, 3);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1e", p);
+  return buf;
+}
+
+}  // namespace
+
+std::vector<std::vector<std::string>> gate_table_rows(const GateResult& result, bool markdown) {
+  std::vector<std::vector<std::string>> rows = {
+      {"Baseline (us)", "Candidate (us)", "Change (%)", "p-value", "Samples", "Verdict", "Variant", "Case"}};
+  for (const GateRow& r : result.rows) {
+    std::string verdict = verdict_name(r.verdict);
+    if (markdown && r.verdict == Verdict::regressed) verdict = "**" + verdict + "**";
+    rows.push_back({format_microseconds(r.baseline_median_ns), format_microseconds(r.candidate_median_ns),
+                    format_change(r.change), format_p_value(r.p_value),
+                    std::to_string(r.baseline_n) + "/" + std::to_string(r.candidate_n), verdict,
+                    markdown ? markdown_code(r.variant) : r.variant, markdown ? markdown_code(r.name) : r.name});
+  }
+  return rows;
+}
+
+std::string gate_verdict_counts(const GateResult& result) {
+  std::map<Verdict, size_t> count;
+  for (const GateRow& r : result.rows) ++count[r.verdict];
+  std::string out;
+  for (Verdict v : {Verdict::regressed, Verdict::improved, Verdict::unchanged, Verdict::too_few_samples}) {
+    out += (out.empty() ? "" : ", ") + std::to_string(count[v]) + " " + verdict_name(v);
+  }
+  return out + "\n";
+}
+
+std::string gate_table_markdown(const GateResult& result) {
+  std::string out = markdown_table(gate_table_rows(result, true), 5) + "\n" + gate_verdict_counts(result);
+  auto list = [&](const char* title, const std::vector<std::string>& cases) {
+    if (cases.empty()) return;
+    out += std::string("\n**") + title + ":**\n\n";
+    for (const std::string& c : cases) out += "- " + markdown_code(c) + "\n";
+  };
+  list("Only in baseline", result.only_in_baseline);
+  list("Only in candidate", result.only_in_candidate);
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "reports/gate.h"
 #include "reports/run_report.h"
 
 namespace fusekit::reports {
@@ -35,6 +36,14 @@ ReportTable kernel_table(const RunReport& report);
 ReportTable range_table(const RunReport& report);
 // (field, value) pairs: run, status, times, commit, host, GPU, versions, command line, dropped records, totals.
 std::vector<std::pair<std::string, std::string>> run_metadata(const RunReport& report);
+// The gate's verdicts as gate_table_text's columns (regressions in bold), then a count per verdict and
+// lists of the cases found in one run only.
+std::string gate_table_markdown(const GateResult& result);
+// The gate's table as rows of text (the first is the header), shared by the terminal and Markdown
+// writers; `markdown` puts names into code spans and regressions in bold.
+std::vector<std::vector<std::string>> gate_table_rows(const GateResult& result, bool markdown);
+// "1 regressed, 2 improved, 3 unchanged, 0 too few samples" and a newline.
+std::string gate_verdict_counts(const GateResult& result);
 
 // Nanoseconds as microseconds, with fewer decimals as the value grows (1.234, 123.46, 12345.7); "-"
 // if not finite. Every report and table writes times this way.

@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 #include <stdexcept>
+#include <utility>
 
 namespace fusekit::reports {
 
@@ -16,6 +17,31 @@ double quantile(std::vector<double> values, double q) {
   const size_t above = std::min(below + 1, values.size() - 1);
   const double fraction = position - static_cast<double>(below);
   return values[below] + fraction * (values[above] - values[below]);
+}
+
+std::vector<CaseResult> load_case_results(const store::Store& store, int64_t run) {
+  std::vector<CaseResult> cases;
+  for (store::StoredCase& stored : store.load_cases(run)) {
+    CaseResult c;
+    c.id = stored.id;
+    c.info = std::move(stored.info);
+    c.samples_ns = std::move(stored.samples_ns);
+    cases.push_back(std::move(c));
+  }
+  derive_case_statistics(cases, store.run(run).copy_ceiling_bytes_per_second);
+  return cases;
+}
+
+RunReport load_run_report(const store::Store& store, int64_t run) {
+  RunReport report;
+  report.run = store.run(run);
+  report.cases = load_case_results(store, run);
+  const profiler::Trace trace = store.load_trace(run);
+  const profiler::Attribution attribution = profiler::attribute(trace);
+  report.kernels = profiler::summarize_kernels(trace, attribution);
+  report.ranges = profiler::summarize_ranges(trace, attribution);
+  report.totals = profiler::summarize_run(trace);
+  return report;
 }
 
 std::string describe(const CaseKey& key) { return key.first + " [" + key.second + "]"; }

@@ -1,7 +1,8 @@
 // What the store knows about one run, in the shape the writers need.
 //
-// The store holds raw records; a RunReport is computed from them on read (attribution and
-// summaries from profiler/), so every writer shows the same numbers and none of them queries SQL.
+// The store holds raw records; a RunReport is computed from them on read (case statistics here,
+// attribution and summaries from profiler/), so every writer shows the same numbers and none of
+// them queries SQL.
 #pragma once
 
 #include <cstdint>
@@ -13,41 +14,16 @@
 
 #include "profiler/records.h"
 #include "profiler/summary.h"
+#include "store/run_records.h"
+#include "store/store.h"
 
 namespace fusekit::reports {
 
-struct RunInfo {
-  int64_t id = 0;
-  std::string started_at;  // ISO 8601, UTC
-  std::string finished_at;
-  std::string label;
-  std::string command_line;
-  std::string git_commit;
-  std::string host;
-  std::string gpu_name;
-  std::string gpu_uuid;
-  std::string driver_version;
-  std::string cuda_version;
-  std::string libtorch_version;
-  std::string status;  // running | ok | failed
-  int exit_code = 0;
-  uint64_t dropped_records = 0;
-  double copy_ceiling_bytes_per_second = 0;  // measured device copy bandwidth; 0 if unknown
-};
+// The store's records, by the names the writers use.
+using store::CaseInfo;
+using store::RunInfo;
 
-// A benchmark case: `name` identifies what is computed (e.g. "layernorm/8192x768/fp16/fwd");
-// `variant` says how (baseline | fused | peer:eager | peer:compile). Variants of one name compute
-// the same thing, so their medians give speedups.
-struct CaseInfo {
-  std::string name;
-  std::string op;
-  std::string shape;
-  std::string dtype;
-  std::string variant;
-  double bytes = 0;  // bytes that must move: each input read once, each output written once
-  double flops = 0;
-};
-
+// A stored case with the statistics derived from its samples.
 struct CaseResult {
   int64_t id = 0;
   CaseInfo info;
@@ -70,6 +46,12 @@ struct RunReport {
   std::vector<profiler::RangeStats> ranges;
   profiler::RunTotals totals;
 };
+
+// The run's cases with their derived statistics, kernel and range summaries and totals. Throws
+// store::StoreError if there is no such run.
+RunReport load_run_report(const store::Store& store, int64_t run);
+// The run's cases with their derived statistics (against the run's copy ceiling).
+std::vector<CaseResult> load_case_results(const store::Store& store, int64_t run);
 
 // A case is identified within a run by (name, variant).
 using CaseKey = std::pair<std::string, std::string>;

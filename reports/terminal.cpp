@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "reports/markdown.h"
+
 namespace fusekit::reports {
 
 std::string format_fixed(double value, int decimals) {
@@ -74,6 +76,13 @@ std::string case_table_text(const std::vector<CaseResult>& cases) {
                     c.bandwidth_percent ? format_fixed(*c.bandwidth_percent, 1) : "-", c.info.variant, c.info.name});
   }
   return aligned_table(rows, 7);
+}
+
+std::string gate_table_text(const GateResult& result) {
+  std::string out = aligned_table(gate_table_rows(result, false), 5) + gate_verdict_counts(result);
+  for (const std::string& c : result.only_in_baseline) out += "only in baseline:  " + c + "\n";
+  for (const std::string& c : result.only_in_candidate) out += "only in candidate: " + c + "\n";
+  return out;
 }
 
 }  // namespace fusekit::reports

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "profiler/summary.h"
+#include "reports/gate.h"
 #include "reports/run_report.h"
 
 namespace fusekit::reports {
@@ -15,6 +16,9 @@ std::string kernel_table_text(const std::vector<profiler::KernelStats>& kernels,
 std::string range_table_text(const std::vector<profiler::RangeStats>& ranges, size_t top);
 // Columns: Median (us), Q1, Q3, Samples, Speedup, GB/s, % of copy ceiling, Variant, Case.
 std::string case_table_text(const std::vector<CaseResult>& cases);
+// The gate's verdicts. Columns: Baseline (us), Candidate (us), Change (%), p-value, Samples, Verdict,
+// Variant, Case; then a count per verdict and the cases found in one run only.
+std::string gate_table_text(const GateResult& result);
 
 // Lays out rows (the first is the header) in columns; columns before `left_from` are right-aligned.
 std::string aligned_table(const std::vector<std::vector<std::string>>& rows, size_t left_from);

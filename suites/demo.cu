@@ -101,7 +101,7 @@ std::vector<float> DemoSuite::input(int set) const { return host_x_[set % sets_]
 
 std::vector<Case> DemoSuite::cases() {
   const std::string shape = std::to_string(elements_);
-  reports::CaseInfo info;
+  store::CaseInfo info;
   info.name = "demo/scale_add/" + shape + "/fp32";
   info.op = "scale_add";
   info.shape = shape;

@@ -17,6 +17,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "suites/recorded_command.h"
+
 namespace fusekit::suites {
 namespace {
 
@@ -211,7 +213,7 @@ std::string read_file(const std::string& path) {
 std::string case_listing_json(const std::vector<ListedCase>& cases) {
   std::string out = "[";
   for (size_t i = 0; i < cases.size(); ++i) {
-    const reports::CaseInfo& info = cases[i].info;
+    const store::CaseInfo& info = cases[i].info;
     out += i == 0 ? "\n" : ",\n";
     out += "{\"name\": " + quoted(info.name) + ", \"op\": " + quoted(info.op) + ", \"shape\": " + quoted(info.shape) +
            ", \"dtype\": " + quoted(info.dtype) + ", \"direction\": " + quoted(cases[i].backward ? "fwd+bwd" : "fwd") +
@@ -256,13 +258,13 @@ std::vector<PeerResult> parse_peer_results(const std::string& text, const std::v
   return results;
 }
 
-void record_peer_results(reports::Store& store, int64_t run, const std::vector<PeerResult>& results,
+void record_peer_results(store::Store& store, int64_t run, const std::vector<PeerResult>& results,
                          const std::vector<ListedCase>& cases) {
   const auto listed = by_name(cases);
   for (const PeerResult& r : results) {
     const auto it = listed.find(r.name);
     if (it == listed.end()) throw std::invalid_argument("peer result for a case not listed: " + r.name);
-    reports::CaseInfo info = it->second->info;
+    store::CaseInfo info = it->second->info;
     info.variant = r.variant;
     store.add_case(run, info, r.samples_ns);
   }
@@ -293,7 +295,7 @@ PeerFiles::~PeerFiles() {
   rmdir(folder_.c_str());
 }
 
-size_t PeerFiles::record_results(reports::Store& store, int64_t run, bool script_failed) const {
+size_t PeerFiles::record_results(store::Store& store, int64_t run, bool script_failed) const {
   try {
     if (access(results_path_.c_str(), F_OK) != 0) throw std::runtime_error("the peers script wrote no results file");
     const std::vector<PeerResult> results = parse_peer_results(read_file(results_path_), cases_, "peer results");
@@ -304,6 +306,28 @@ size_t PeerFiles::record_results(reports::Store& store, int64_t run, bool script
     std::fprintf(stderr, "fusekit: warning: no peer results recorded: %s\n", e.what());
     return 0;
   }
+}
+
+void run_peers(store::Store& store, int64_t run, const std::string& db, const PeersOptions& o) {
+  const PeerFiles files(list_ops_cases(o.cases));
+  std::fprintf(stderr, "fusekit: timing the peers: python3 %s\n", o.script.c_str());
+  std::vector<std::string> peer_args = {"python3",     o.script,
+                                        "--cases",     files.cases_path(),
+                                        "--reps",      std::to_string(o.repetitions),
+                                        "--warmup",    std::to_string(o.warmup),
+                                        "--warmup-ms", std::to_string(o.warmup_ms),
+                                        "--sample-us", std::to_string(o.sample_us)};
+  std::vector<std::string> timed_args = peer_args;
+  timed_args.insert(timed_args.end(), {"--results", files.results_path()});
+  int code = run_recorded_command(db, run, timed_args, 1000, false);
+  const size_t recorded = files.record_results(store, run, code != 0);  // kept if the script failed later
+  std::fprintf(stderr, "fusekit: recorded %zu peer results\n", recorded);
+  if (code == 0) {
+    std::fprintf(stderr, "fusekit: tracing the peers: python3 %s --traced-only\n", o.script.c_str());
+    peer_args.push_back("--traced-only");
+    code = run_recorded_command(db, run, peer_args, 1000, true);
+  }
+  if (code != 0) throw std::runtime_error("the peers script failed with exit code " + std::to_string(code));
 }
 
 }  // namespace fusekit::suites

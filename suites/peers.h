@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "reports/store.h"
+#include "store/store.h"
 #include "suites/ops/ops_suite.h"
 
 namespace fusekit::suites {
@@ -38,7 +38,7 @@ std::vector<PeerResult> parse_peer_results(const std::string& text, const std::v
 
 // Writes each result into `run` of `store` as a case: the listed case's description with the
 // result's variant, and its samples.
-void record_peer_results(reports::Store& store, int64_t run, const std::vector<PeerResult>& results,
+void record_peer_results(store::Store& store, int64_t run, const std::vector<PeerResult>& results,
                          const std::vector<ListedCase>& cases);
 
 // The two files a peers script is given: the listing, written on construction into a new temporary
@@ -55,11 +55,25 @@ class PeerFiles {
   // returns the number of results recorded. After the script failed (`script_failed`), what it
   // handed back before failing is recorded too, as the run's own cases are; a missing or bad file
   // then records nothing and is a warning on stderr, so that the script's failure is the error.
-  size_t record_results(reports::Store& store, int64_t run, bool script_failed = false) const;
+  size_t record_results(store::Store& store, int64_t run, bool script_failed = false) const;
 
  private:
   std::vector<ListedCase> cases_;
   std::string folder_, cases_path_, results_path_;
 };
+
+struct PeersOptions {
+  std::string script;  // the peers script; empty: no peers
+  int repetitions = 50;
+  int warmup = 10;
+  double warmup_ms = 25;
+  double sample_us = 500;
+  OpsRequest cases;  // the cases the session ran, listed for the script
+};
+
+// Runs the peers script on the listed cases: timed untraced, its samples handed back and recorded
+// into `run` of `store` (the store at `db`), then traced (--traced-only) for the kernel shares into
+// the same run. Throws if the script fails; what it handed back before failing stays recorded.
+void run_peers(store::Store& store, int64_t run, const std::string& db, const PeersOptions& options);
 
 }  // namespace fusekit::suites

@@ -79,7 +79,7 @@ int sample_batch(double sample_us, double per_rep_ms) {
       std::clamp(std::ceil(sample_us * 1e-3 / per_rep_ms), 1.0, static_cast<double>(kMaxSampleBatch)));
 }
 
-uint64_t run_cases(reports::Store& store, int64_t run, const std::vector<Case>& cases, const RunnerOptions& options) {
+uint64_t run_cases(store::Store& store, int64_t run, const std::vector<Case>& cases, const RunnerOptions& options) {
   profiler::CuptiTracer& tracer = profiler::CuptiTracer::instance();
   cudaStream_t stream = nullptr;
   FUSEKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

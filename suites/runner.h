@@ -16,13 +16,13 @@
 #include <vector>
 
 #include "kernels/cuda_check.h"
-#include "reports/run_report.h"
-#include "reports/store.h"
+#include "store/run_records.h"
+#include "store/store.h"
 
 namespace fusekit::suites {
 
 struct Case {
-  reports::CaseInfo info;
+  store::CaseInfo info;
   // Enqueues one repetition on `stream`; `rep` selects the input set.
   std::function<void(cudaStream_t stream, int rep)> run;
   // Optional: called once before the first repetition and after the last, so that a suite of
@@ -53,7 +53,7 @@ constexpr int kMaxSampleBatch = 1000;
 int sample_batch(double sample_us, double per_rep_ms);
 
 // Runs and records every case into `run` of `store`. Returns the number of dropped trace records.
-uint64_t run_cases(reports::Store& store, int64_t run, const std::vector<Case>& cases, const RunnerOptions& options);
+uint64_t run_cases(store::Store& store, int64_t run, const std::vector<Case>& cases, const RunnerOptions& options);
 
 // Median device-to-device copy bandwidth (bytes read + bytes written per second) over `bytes`-sized buffers.
 double measure_copy_ceiling(size_t bytes, int repetitions);

@@ -184,7 +184,7 @@ double bytes_moved(const std::vector<size_t>& sizes, kernels::DType dtype, bool 
 
 std::vector<Case> adamw_cases(const std::string& shape, kernels::DType dtype) {
   const std::vector<size_t> sizes = tensor_list(shape);
-  reports::CaseInfo info = make_case_info("adamw", shape, dtype, false, bytes_moved(sizes, dtype));
+  store::CaseInfo info = make_case_info("adamw", shape, dtype, false, bytes_moved(sizes, dtype));
   auto operands = std::make_shared<std::optional<AdamWOperands>>();
   auto release = [operands] { operands->reset(); };
   const bool trainer = dtype != kernels::DType::f32;
@@ -209,7 +209,7 @@ std::vector<Case> adamw_cases(const std::string& shape, kernels::DType dtype) {
                    },
                    release});
   if (trainer) {
-    reports::CaseInfo no_master = info;
+    store::CaseInfo no_master = info;
     no_master.variant = "fused:no-master";
     no_master.bytes = bytes_moved(sizes, dtype, /*master_weights=*/false);
     cases.push_back(

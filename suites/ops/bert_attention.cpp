@@ -128,8 +128,7 @@ std::vector<Case> bert_attention_cases(const std::string& shape_text, kernels::D
   const kernels::BertAttentionShape s = parsed.sizes;
   const float p = parsed.p;
   kernels::check_bert_attention(dtype, s, p);  // fp32: one clear error
-  reports::CaseInfo info =
-      make_case_info("bert_attention", shape_text, dtype, backward, bytes_moved(s, dtype, backward));
+  store::CaseInfo info = make_case_info("bert_attention", shape_text, dtype, backward, bytes_moved(s, dtype, backward));
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   auto operands = std::make_shared<std::optional<BertAttentionOperands>>();
   auto setup = [operands, s, dtype, backward](cudaStream_t stream) { operands->emplace(s, dtype, backward, stream); };

@@ -59,8 +59,8 @@ double bytes_moved(Shape2 shape, kernels::DType dtype, bool backward) {
 }
 
 std::vector<Case> bias_gelu_cases(Shape2 shape, kernels::DType dtype, bool backward) {
-  reports::CaseInfo info = make_case_info("bias_gelu", std::to_string(shape.rows) + "x" + std::to_string(shape.columns),
-                                          dtype, backward, bytes_moved(shape, dtype, backward));
+  store::CaseInfo info = make_case_info("bias_gelu", std::to_string(shape.rows) + "x" + std::to_string(shape.columns),
+                                        dtype, backward, bytes_moved(shape, dtype, backward));
   auto operands = std::make_shared<std::optional<BiasGeluOperands>>();
   auto setup = [operands, shape, dtype, backward](cudaStream_t stream) {
     operands->emplace(shape, dtype, backward, stream);

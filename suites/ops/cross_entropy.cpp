@@ -81,7 +81,7 @@ double bytes_moved(Shape2 shape, kernels::DType dtype, bool backward) {
 }
 
 std::vector<Case> cross_entropy_cases(Shape2 shape, kernels::DType dtype, bool backward) {
-  reports::CaseInfo info =
+  store::CaseInfo info =
       make_case_info("cross_entropy", std::to_string(shape.rows) + "x" + std::to_string(shape.columns), dtype, backward,
                      bytes_moved(shape, dtype, backward));
   auto operands = std::make_shared<std::optional<CrossEntropyOperands>>();

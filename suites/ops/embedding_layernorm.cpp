@@ -118,7 +118,7 @@ struct EmbeddingLayerNormOperands {
 };
 
 std::vector<Case> embedding_layernorm_cases(Shape2 shape, kernels::DType dtype, bool backward) {
-  reports::CaseInfo info =
+  store::CaseInfo info =
       make_case_info("embedding_layernorm", std::to_string(shape.rows) + "x" + std::to_string(shape.columns), dtype,
                      backward, bytes_moved(shape, dtype, backward));
   auto operands = std::make_shared<std::optional<EmbeddingLayerNormOperands>>();

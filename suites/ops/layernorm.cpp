@@ -68,8 +68,8 @@ double bytes_moved(Shape2 shape, kernels::DType dtype, bool backward) {
 }
 
 std::vector<Case> layernorm_cases(Shape2 shape, kernels::DType dtype, bool backward) {
-  reports::CaseInfo info = make_case_info("layernorm", std::to_string(shape.rows) + "x" + std::to_string(shape.columns),
-                                          dtype, backward, bytes_moved(shape, dtype, backward));
+  store::CaseInfo info = make_case_info("layernorm", std::to_string(shape.rows) + "x" + std::to_string(shape.columns),
+                                        dtype, backward, bytes_moved(shape, dtype, backward));
   auto operands = std::make_shared<std::optional<LayerNormOperands>>();
   auto setup = [operands, shape, dtype, backward](cudaStream_t stream) {
     operands->emplace(shape, dtype, backward, stream);

@@ -152,7 +152,7 @@ double flops(const LinearCaseShape& c, bool backward) {
 
 std::vector<Case> linear_cases(const std::string& shape_text, kernels::DType dtype, bool backward) {
   const LinearCaseShape c = parse_linear_shape(shape_text);
-  reports::CaseInfo info = make_case_info("linear", shape_text, dtype, backward, bytes_moved(c, dtype, backward));
+  store::CaseInfo info = make_case_info("linear", shape_text, dtype, backward, bytes_moved(c, dtype, backward));
   info.flops = flops(c, backward);
   auto operands = std::make_shared<std::optional<LinearOperands>>();
   auto setup = [operands, c, dtype, backward](cudaStream_t stream) { operands->emplace(c, dtype, backward, stream); };

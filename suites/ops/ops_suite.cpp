@@ -45,9 +45,9 @@ const std::vector<OpDefinition>& ops() {
   return all;
 }
 
-reports::CaseInfo make_case_info(const std::string& op, const std::string& shape, kernels::DType dtype, bool backward,
-                                 double bytes) {
-  reports::CaseInfo info;
+store::CaseInfo make_case_info(const std::string& op, const std::string& shape, kernels::DType dtype, bool backward,
+                               double bytes) {
+  store::CaseInfo info;
   info.op = op;
   info.shape = shape;
   info.dtype = kernels::dtype_name(dtype);

@@ -47,8 +47,8 @@ std::vector<Case> ops_cases(const OpsRequest& request);
 
 // One case of a selection without its variants: what the peers are handed (suites/peers.h).
 struct ListedCase {
-  reports::CaseInfo info;  // name, op, shape, dtype, bytes, flops; variant empty
-  bool backward = false;   // forward + backward ("fwd+bwd"), else forward ("fwd")
+  store::CaseInfo info;   // name, op, shape, dtype, bytes, flops; variant empty
+  bool backward = false;  // forward + backward ("fwd+bwd"), else forward ("fwd")
 };
 
 // The cases ops_cases(request) builds, one per name (its variants share the name), in the same
@@ -56,8 +56,8 @@ struct ListedCase {
 std::vector<ListedCase> list_ops_cases(const OpsRequest& request);
 
 // The case description every operator fills the same way: name "<op>/<shape>/<dtype>/<fwd|fwd+bwd>".
-reports::CaseInfo make_case_info(const std::string& op, const std::string& shape, kernels::DType dtype, bool backward,
-                                 double bytes);
+store::CaseInfo make_case_info(const std::string& op, const std::string& shape, kernels::DType dtype, bool backward,
+                               double bytes);
 
 // Whether the libtorch baselines were built in.
 bool baselines_available();

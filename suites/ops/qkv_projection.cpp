@@ -87,7 +87,7 @@ double bytes_moved(Shape2 shape, kernels::DType dtype, bool backward) {
 }
 
 std::vector<Case> qkv_projection_cases(Shape2 shape, kernels::DType dtype, bool backward) {
-  reports::CaseInfo info =
+  store::CaseInfo info =
       make_case_info("qkv_projection", std::to_string(shape.rows) + "x" + std::to_string(shape.columns), dtype,
                      backward, bytes_moved(shape, dtype, backward));
   info.flops = 2.0 * shape.rows * 3.0 * shape.columns * shape.columns * (backward ? 3 : 1);

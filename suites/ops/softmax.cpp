@@ -186,7 +186,7 @@ struct SoftmaxOperands {
 
 std::vector<Case> softmax_cases(const std::string& shape_text, kernels::DType dtype, bool backward) {
   const SoftmaxCaseShape c = parse_softmax_shape(shape_text);
-  reports::CaseInfo info = make_case_info("softmax", shape_text, dtype, backward, bytes_moved(c, dtype, backward));
+  store::CaseInfo info = make_case_info("softmax", shape_text, dtype, backward, bytes_moved(c, dtype, backward));
   auto operands = std::make_shared<std::optional<SoftmaxOperands>>();
   auto setup = [operands, c, dtype, backward](cudaStream_t stream) { operands->emplace(c, dtype, backward, stream); };
   auto release = [operands] { operands->reset(); };

@@ -109,7 +109,7 @@ double partition_bytes(const kernels::WindowShape& shape, kernels::DType dtype, 
 
 std::vector<Case> window_partition_cases(const std::string& text, kernels::DType dtype, bool backward) {
   const kernels::WindowShape shape = parse_window_shape(text, "window_partition");
-  reports::CaseInfo info =
+  store::CaseInfo info =
       make_case_info("window_partition", text, dtype, backward, partition_bytes(shape, dtype, backward));
   auto operands = std::make_shared<std::optional<PartitionOperands>>();
   auto setup = [operands, shape, dtype, backward](cudaStream_t stream) {
@@ -138,7 +138,7 @@ std::vector<Case> window_partition_cases(const std::string& text, kernels::DType
     // x into windows, the bytes the fused forward must move less its parameters and mean/rstd (2%),
     // timed as the kernels are. The ceiling itself is a 1 GiB copy, which launch and ramp costs touch
     // less than a working set of tens of megabytes.
-    reports::CaseInfo copy = info;
+    store::CaseInfo copy = info;
     copy.variant = "reference:copy";
     copy.bytes = 2.0 * static_cast<double>(shape.tokens()) * shape.channels * kernels::dtype_size(dtype);
     cases.push_back({copy,
@@ -210,7 +210,7 @@ double merge_bytes(const kernels::WindowShape& shape, kernels::DType dtype, bool
 
 std::vector<Case> window_merge_cases(const std::string& text, kernels::DType dtype, bool backward) {
   const kernels::WindowShape shape = parse_window_shape(text, "window_merge");
-  reports::CaseInfo info = make_case_info("window_merge", text, dtype, backward, merge_bytes(shape, dtype, backward));
+  store::CaseInfo info = make_case_info("window_merge", text, dtype, backward, merge_bytes(shape, dtype, backward));
   auto operands = std::make_shared<std::optional<MergeOperands>>();
   auto setup = [operands, shape, dtype, backward](cudaStream_t stream) {
     operands->emplace(shape, dtype, backward, stream);
@@ -301,7 +301,7 @@ double patch_bytes(const kernels::PatchShape& shape, kernels::DType dtype, bool 
 
 std::vector<Case> patch_merging_cases(const std::string& text, kernels::DType dtype, bool backward) {
   const kernels::PatchShape shape = parse_patch_shape(text);
-  reports::CaseInfo info = make_case_info("patch_merging", text, dtype, backward, patch_bytes(shape, dtype, backward));
+  store::CaseInfo info = make_case_info("patch_merging", text, dtype, backward, patch_bytes(shape, dtype, backward));
   auto operands = std::make_shared<std::optional<PatchOperands>>();
   auto setup = [operands, shape, dtype, backward](cudaStream_t stream) {
     operands->emplace(shape, dtype, backward, stream);

@@ -122,7 +122,7 @@ struct WindowAttentionOperands {
 std::vector<Case> window_attention_cases(const std::string& shape_text, kernels::DType dtype, bool backward) {
   const kernels::WindowAttentionShape s = parse_window_attention_shape(shape_text);
   kernels::check_window_attention(dtype, s);  // fp32: one clear error
-  reports::CaseInfo info =
+  store::CaseInfo info =
       make_case_info("window_attention", shape_text, dtype, backward, bytes_moved(s, dtype, backward));
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   auto operands = std::make_shared<std::optional<WindowAttentionOperands>>();

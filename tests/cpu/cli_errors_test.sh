@@ -100,6 +100,17 @@ expect 1 "SQLite file" -- "$FUSEKIT" cases --suite ops -o "$work/foreign.db"
 expect 2 "argument|bogus|extra" -- "$FUSEKIT" trace --db "$work/t.db" --bogus -- true
 expect 127 "cannot run" -- "$FUSEKIT" trace --db "$work/t.db" -- "$work/no-such-program"
 expect 1 "schema version 99" -- "$FUSEKIT" trace --db "$work/v99.db" -- true
+# Without a GPU, bench says so in one line, exits 1 and creates no store (where a GPU is, it would run).
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  expect 1 "^fusekit: no GPU: " -- "$FUSEKIT" bench --db "$work/nogpu.db"
+  lines="$("$FUSEKIT" bench --db "$work/nogpu.db" 2>&1 >/dev/null | wc -l)"
+  if [ "$lines" != 1 ] || [ -e "$work/nogpu.db" ]; then
+    echo "FAIL: bench without a GPU: $lines lines on stderr (want 1), store created: $([ -e "$work/nogpu.db" ] && echo yes || echo no)"
+    failures=$((failures + 1))
+  else
+    passed=$((passed + 1))
+  fi
+fi
 
 if [ "$foreign_sum" != "$(sha256sum "$work/foreign.db")" ]; then
   echo "FAIL: the foreign SQLite file was modified"

@@ -9,6 +9,8 @@
 
 #include "profiler/summary.h"
 #include "reports/gate.h"
+#include "reports/markdown.h"
+#include "reports/terminal.h"
 
 namespace fusekit::reports {
 namespace {

@@ -6,7 +6,7 @@
 #include <random>
 #include <string>
 
-#include "reports/store.h"
+#include "store/store.h"
 
 int main(int argc, char** argv) {
   if (argc != 5) {
@@ -15,8 +15,8 @@ int main(int argc, char** argv) {
   }
   using namespace fusekit;
   try {
-    reports::Store store = reports::Store::open(argv[1], reports::Store::Mode::create);
-    reports::RunInfo info;
+    store::Store store = store::Store::open(argv[1], store::Store::Mode::create);
+    store::RunInfo info;
     info.label = "synthetic";
     info.command_line = "make_test_store";
     const int64_t run = store.begin_run(info);

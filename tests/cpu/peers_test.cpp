@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "reports/run_report.h"
 #include "suites/ops/ops_suite.h"
 #include "suites/peers.h"
 
@@ -68,7 +69,7 @@ TEST(CaseListing, MatchesTheCasesBenchRuns) {
   for (const std::string& suite : op_suites()) {
     const std::vector<Case> built = ops_cases({"", "", "", false, {}, suite});
     const std::vector<ListedCase> listed = list_ops_cases({"", "", "", false, {}, suite});
-    std::vector<const reports::CaseInfo*> unique;
+    std::vector<const store::CaseInfo*> unique;
     std::set<std::string> seen;
     for (const Case& c : built) {
       if (seen.insert(c.info.name).second) unique.push_back(&c.info);
@@ -162,13 +163,13 @@ class PeerRecording : public ::testing::Test {
 
 TEST_F(PeerRecording, ResultsBecomeCasesWithTheListedDescription) {
   const std::vector<ListedCase> cases = list_ops_cases({"linear", "8192x768x3072:bias", "bf16", true, {}, "ops"});
-  reports::Store store = reports::Store::open((dir_ / "peers.db").string(), reports::Store::Mode::create);
+  store::Store store = store::Store::open((dir_ / "peers.db").string(), store::Store::Mode::create);
   const int64_t run = store.begin_run({});
   const std::string text =
       "{\"name\": \"linear/8192x768x3072:bias/bf16/fwd+bwd\", \"variant\": \"peer:compile\", "
       "\"samples_ns\": [300, 100, 200]}\n";
   record_peer_results(store, run, parse_peer_results(text, cases, "results"), cases);
-  const std::vector<reports::CaseResult> stored = store.load_cases(run);
+  const std::vector<store::StoredCase> stored = store.load_cases(run);
   ASSERT_EQ(stored.size(), 1u);
   EXPECT_EQ(stored[0].info.name, cases[0].info.name);
   EXPECT_EQ(stored[0].info.op, "linear");
@@ -178,7 +179,7 @@ TEST_F(PeerRecording, ResultsBecomeCasesWithTheListedDescription) {
   EXPECT_EQ(stored[0].info.bytes, cases[0].info.bytes);
   EXPECT_EQ(stored[0].info.flops, cases[0].info.flops);
   EXPECT_EQ(stored[0].samples_ns, (std::vector<double>{300, 100, 200}));
-  EXPECT_EQ(stored[0].median_ns, 200);
+  EXPECT_EQ(reports::load_case_results(store, run).at(0).median_ns, 200);
 }
 
 TEST_F(PeerRecording, PeerFilesHoldTheListingAndGoAway) {
@@ -191,7 +192,7 @@ TEST_F(PeerRecording, PeerFilesHoldTheListingAndGoAway) {
     std::ifstream in(files.cases_path());
     const std::string listing((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     EXPECT_EQ(listing, case_listing_json(two_cases()));
-    reports::Store store = reports::Store::open((dir_ / "files.db").string(), reports::Store::Mode::create);
+    store::Store store = store::Store::open((dir_ / "files.db").string(), store::Store::Mode::create);
     const int64_t run = store.begin_run({});
     EXPECT_THROW(files.record_results(store, run), std::runtime_error);  // no results file written
     EXPECT_EQ(files.record_results(store, run, true), 0u);               // a warning once the script failed

@@ -8,9 +8,10 @@
 #include <fstream>
 #include <random>
 
-#include "reports/store.h"
+#include "reports/run_report.h"
+#include "store/store.h"
 
-namespace fusekit::reports {
+namespace fusekit::store {
 namespace {
 
 namespace fs = std::filesystem;
@@ -164,7 +165,15 @@ TEST_F(StoreTest, RoundTripKeepsEveryField) {
   EXPECT_EQ(back.ranges[1].event_type, profiler::kNvtxStartEndRange);
   EXPECT_EQ(back.ranges[1].domain, "fusekit");
 
-  const auto cases = store.load_cases(run);
+  const auto stored = store.load_cases(run);  // raw: in the order added, samples in order
+  ASSERT_EQ(stored.size(), 2u);
+  EXPECT_EQ(stored[0].info.variant, "baseline");
+  EXPECT_EQ(stored[0].samples_ns, (std::vector<double>{100, 300, 200, 400}));
+  EXPECT_EQ(stored[1].info.name, "demo/x/fp32");
+  EXPECT_DOUBLE_EQ(stored[1].info.bytes, 8192);
+
+  // The derived statistics, computed by reports/ from the stored samples and the run's copy ceiling.
+  const auto cases = reports::load_case_results(store, run);
   ASSERT_EQ(cases.size(), 2u);
   EXPECT_DOUBLE_EQ(cases[0].median_ns, 250.0);
   EXPECT_DOUBLE_EQ(cases[1].median_ns, 60.0);
@@ -173,7 +182,9 @@ TEST_F(StoreTest, RoundTripKeepsEveryField) {
   ASSERT_TRUE(cases[1].bandwidth_percent.has_value());
   EXPECT_NEAR(*cases[1].bandwidth_percent, 100.0 * 8192 / 60e-9 / 1e12, 1e-9);
 
-  const RunReport report = store.load_report(run);
+  const reports::RunReport report = reports::load_run_report(store, run);
+  EXPECT_EQ(report.run.label, "round trip");
+  EXPECT_EQ(report.cases.size(), 2u);
   EXPECT_EQ(report.totals.kernels, 50u);
   ASSERT_EQ(report.kernels.size(), 2u);
   EXPECT_EQ(report.kernels[0].instances + report.kernels[1].instances, 50u);
@@ -302,4 +313,4 @@ TEST_F(StoreTest, EveryCommittedAppendSurvivesAKilledWriter) {
 }
 
 }  // namespace
-}  // namespace fusekit::reports
+}  // namespace fusekit::store

@@ -14,7 +14,7 @@
 #include "gpu_test_support.h"
 #include "profiler/attribution.h"
 #include "profiler/summary.h"
-#include "reports/store.h"
+#include "store/store.h"
 
 namespace fusekit {
 namespace {
@@ -54,8 +54,8 @@ TEST(TraceCommand, PlainCudaProgram) {
   ASSERT_EQ(r.exit_code, 3) << "the program's exit code must pass through\n" << r.output;
   EXPECT_NE(r.output.find("traced_program: done"), std::string::npos) << r.output;
 
-  reports::Store store = reports::Store::open(db, reports::Store::Mode::read_only);
-  const reports::RunInfo info = store.run(store.latest_run());
+  store::Store store = store::Store::open(db, store::Store::Mode::read_only);
+  const store::RunInfo info = store.run(store.latest_run());
   EXPECT_EQ(info.status, "failed");
   EXPECT_EQ(info.exit_code, 3);
   EXPECT_EQ(info.dropped_records, 0u);
@@ -100,7 +100,7 @@ TEST(TraceCommand, PyTorchTrainingLoopMatchesTorchProfiler) {
                             " --steps 30 --exit-code 4");
   ASSERT_EQ(traced.exit_code, 4) << traced.output;
 
-  reports::Store store = reports::Store::open(db, reports::Store::Mode::read_only);
+  store::Store store = store::Store::open(db, store::Store::Mode::read_only);
   const profiler::Trace t = store.load_trace(store.latest_run());
   const profiler::Attribution a = profiler::attribute(t);
   bool gemm = false, elementwise = false;

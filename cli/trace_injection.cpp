@@ -18,12 +18,12 @@
 #include <unistd.h>
 
 #include "profiler/cupti_tracer.h"
-#include "reports/store.h"
+#include "store/store.h"
 
 namespace {
 
 struct Injection {
-  std::optional<fusekit::reports::Store> store;
+  std::optional<fusekit::store::Store> store;
   int64_t run = 0;
   std::chrono::milliseconds interval{1000};
   std::thread flusher;
@@ -108,7 +108,7 @@ extern "C" int InitializeInjection(void) {
     return 1;
   }
   try {
-    in.store = fusekit::reports::Store::open(db, fusekit::reports::Store::Mode::read_write);
+    in.store = fusekit::store::Store::open(db, fusekit::store::Store::Mode::read_write);
     in.run = std::stoll(run);
     (void)in.store->run(in.run);
     const char* verbose = std::getenv("FUSEKIT_TRACE_VERBOSE");

@@ -18,11 +18,11 @@
 #include <vector>
 
 #include "profiler/records.h"
-#include "reports/run_report.h"
+#include "store/run_records.h"
 
 struct sqlite3;
 
-namespace fusekit::reports {
+namespace fusekit::store {
 
 inline constexpr int kSchemaVersion = 1;
 
@@ -64,10 +64,7 @@ class Store {
   int64_t latest_run() const;     // throws StoreError if the store has no run
   std::vector<GpuInfo> gpus(int64_t run) const;
   profiler::Trace load_trace(int64_t run) const;
-  std::vector<CaseResult> load_cases(int64_t run) const;  // derived statistics filled in
-
-  // The run's cases, kernel and range summaries and totals.
-  RunReport load_report(int64_t run) const;
+  std::vector<StoredCase> load_cases(int64_t run) const;  // in the order they were added
 
  private:
   Store(std::string path, sqlite3* db);
@@ -76,4 +73,4 @@ class Store {
   sqlite3* db_ = nullptr;
 };
 
-}  // namespace fusekit::reports
+}  // namespace fusekit::store

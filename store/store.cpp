@@ -1,4 +1,4 @@
-#include "reports/store.h"
+#include "store/store.h"
 
 #include <sqlite3.h>
 #include <sys/stat.h>
@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <utility>
 
-namespace fusekit::reports {
+namespace fusekit::store {
 namespace {
 
 // The one checking macro for SQLite: file, line, the call, SQLite's message, the store's path.
@@ -576,13 +576,13 @@ profiler::Trace Store::load_trace(int64_t run_id) const {
   return t;
 }
 
-std::vector<CaseResult> Store::load_cases(int64_t run_id) const {
-  std::vector<CaseResult> cases;
+std::vector<StoredCase> Store::load_cases(int64_t run_id) const {
+  std::vector<StoredCase> cases;
   Statement s(db_, path_,
               "SELECT id, name, op, shape, dtype, variant, bytes, flops FROM cases WHERE runId = ? ORDER BY id");
   s.bind(1, run_id);
   while (s.step()) {
-    CaseResult c;
+    StoredCase c;
     c.id = s.integer(0);
     c.info.name = s.text(1);
     c.info.op = s.text(2);
@@ -594,25 +594,12 @@ std::vector<CaseResult> Store::load_cases(int64_t run_id) const {
     cases.push_back(std::move(c));
   }
   Statement samples(db_, path_, "SELECT nanoseconds FROM samples WHERE caseId = ? ORDER BY rep");
-  for (CaseResult& c : cases) {
+  for (StoredCase& c : cases) {
     samples.bind(1, c.id);
     while (samples.step()) c.samples_ns.push_back(samples.real(0));
     samples.reset();
   }
-  derive_case_statistics(cases, run(run_id).copy_ceiling_bytes_per_second);
   return cases;
 }
 
-RunReport Store::load_report(int64_t run_id) const {
-  RunReport report;
-  report.run = run(run_id);
-  report.cases = load_cases(run_id);
-  profiler::Trace trace = load_trace(run_id);
-  profiler::Attribution attribution = profiler::attribute(trace);
-  report.kernels = profiler::summarize_kernels(trace, attribution);
-  report.ranges = profiler::summarize_ranges(trace, attribution);
-  report.totals = profiler::summarize_run(trace);
-  return report;
-}
-
-}  // namespace fusekit::reports
+}  // namespace fusekit::store
