@@ -11,9 +11,10 @@
 // Rows too long for the register configurations (forward: 4096 vectors; backward: 1024, i.e. 8192 16-bit or 4096 float
 // columns) take looping kernels that recompute h per pass (correct for any length, slower).
 #include "kernels/bias_dropout_residual_layernorm.h"
-#include "kernels/layernorm_common.cuh"
-#include "kernels/mma_fragments.cuh"
-#include "kernels/philox.cuh"
+#include "kernels/detail/dispatch.h"
+#include "kernels/detail/layernorm_common.cuh"
+#include "kernels/detail/mma_fragments.cuh"
+#include "kernels/detail/philox.cuh"
 
 #include <algorithm>
 #include <stdexcept>
@@ -89,11 +90,8 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     const bool valid = row < a.rows;
     const size_t base = static_cast<size_t>(row) * C;
     float v[NV][VEC];
-    // With 4 lanes a row, the row's loads are issued before their first use (load_vectors).
-    // H100, fp16, ops suite: 401408 x 128 (4 lanes x 4 vectors) 132.5 -> 119.0 us, 401408 x 96
-    // (4 x 3) 97.7 -> 93.6 us; slower with 16 lanes a row (100352 x 384: 86.2 -> 93.0 us) and a warp
-    // a row (8192 x 768: 18.4 -> 21.5 us, single case). 8 lanes a row is unmeasured: it keeps the
-    // old loop.
+    // With 4 lanes a row, the row's loads are issued before their first use (load_vectors); with 16
+    // lanes or a warp a row that measured slower. 8 lanes a row is unmeasured: it keeps the old loop.
     constexpr bool kLoadsFirst = TPR <= 4;
     V x_in[NV], r_in[NV];
     if constexpr (kLoadsFirst) {
@@ -222,10 +220,8 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
     float hv[NV][VEC];
     V dyv[NV];
     uint32_t kept[NV];
-    // With up to 2 vectors a lane, the row's loads (h, or x and residual; dy) are issued before
-    // their first use (load_vectors). H100, fp16 forward + backward: 401408 x 96 274.5 -> 256.0 us,
-    // 100352 x 384 315.8 -> 277.1 us; with 3 and 4 vectors a lane (8192 x 768, 16384 x 1024) the
-    // registers it takes made it slower.
+    // With up to 2 vectors a lane, the row's loads (h, or x and residual; dy) are issued before their
+    // first use (load_vectors); with 3 and 4 vectors a lane the registers it takes made it slower.
     constexpr bool kLoadsFirst = NV <= 2;
     V x_in[NV], r_in[NV];  // pre-LN: h in x_in
     if constexpr (kLoadsFirst) {
@@ -308,10 +304,8 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
 // buffers cost no registers. The dropout flags are drawn while the batch's copies land; the 2R row
 // sums of the block go through one barrier (a double-buffered exchange), and dgamma, dbeta, dbias
 // stay in registers. Rows go to blocks as before (block b: rows bR.., then a grid of R rows on), so
-// the partial rows are the same sums in the same order. H100, fp16 post-LN, the backward alone at
-// 16384 x 1024: a warp per row (its sums in shared memory) 87.3 us; R rows loaded in place 84.2 us
-// and copied ahead 79.3 us (A/B in one process, three calls); 8192 x 1024 54.3 -> 51.6 us. Three
-// buffers, or 5 blocks an SM (96 registers), measured no faster; nor did the forward built the same way.
+// the partial rows are the same sums in the same order. Three buffers, or 5 blocks an SM, measured
+// no faster; nor did the forward built the same way.
 template <class T, int VEC, int TPB, int R>
 __global__ void __launch_bounds__(TPB) bias_dropout_residual_layernorm_backward_rows_kernel(const BackwardArgs<T> a) {
   wait_for_prior_grid();  // launch_after_prior
@@ -487,8 +481,8 @@ void forward_typed(const ForwardArgs<T>& a, cudaStream_t stream) {
   const int vec = vector_width<T>(a.C, {a.x, a.bias, a.residual, a.gamma, a.beta, a.h, a.y});
   Config config = choose_row_config(a.C / vec, 1024, vec);
   // Rows of 97..128 vectors (1024 16-bit columns): a block of 64 threads a row, two vectors each,
-  // not a warp of four. H100, fp16 post-LN forward: 16384 x 1024 44.4 -> 40.2 us, 8192 x 1024
-  // 24.6 -> 23.2 us. At 768 columns (96 vectors) a warp per row stays faster.
+  // not a warp of four, which measured slower. At 768 columns (96 vectors) a warp per row stays
+  // faster.
   const bool pair_rows = vec > 1 && a.C / vec > 3 * kWarpSize && a.C / vec <= 4 * kWarpSize;
   if (pair_rows) config = {2 * kWarpSize, 2};
   dispatch_vector_width<T>(vec, [&](auto vec_c) {
@@ -521,12 +515,10 @@ void backward_typed(BackwardArgs<T> a, T* dgamma, T* dbeta, T* dbias, cudaStream
   Config config = choose_row_config(a.C / vec, kBackwardMaxThreadsPerRow, vec);
   if (vec > 1 && config.tpr > 0 && config.tpr <= kWarpSize) config = choose_backward_config(a.C / vec);
   // Rows of 33..96 vectors: a block per row, one vector a thread, the sums in registers
-  // (block_row_config). H100, backward alone, fp16 post-LN, against a warp per row with its sums in
-  // shared memory: 100352 x 384 179.5 -> 167.9 us (64 threads), 8192 x 768 43.9 -> 40.3 us and
-  // 6272 x 768 36.5 -> 34.6 us (128 threads). At 1024 columns one row a block was no faster (16384
-  // rows: 88.9 both) or slower (8192 rows: 59.0 against 52.3 us); rows of 128 vectors take two rows a
-  // block instead (bias_dropout_residual_layernorm_backward_rows_kernel), other rows of 97 vectors
-  // and more keep the warp.
+  // (block_row_config), which measured faster than a warp per row with its sums in shared memory. At
+  // 1024 columns one row a block was no faster or slower; rows of 128 vectors take two rows a block
+  // instead (bias_dropout_residual_layernorm_backward_rows_kernel), other rows of 97 vectors and more
+  // keep the warp.
   const bool block_rows = vec > 1 && a.C / vec > kWarpSize && a.C / vec <= 3 * kWarpSize;
   if (block_rows) config = block_row_config(a.C / vec);
   const int limit = backward_block_limit(a.rows);
@@ -605,7 +597,8 @@ void bias_dropout_residual_layernorm_forward(DType dtype, ResidualOrder order,
           "forward needs x, bias, residual, gamma, beta, y, mean and rstd");
   require(!pre_ln || tensors.h, "pre-LN forward writes h: pass it");
   if (rows == 0) return;
-  FUSEKIT_DTYPE_SWITCH(dtype, {
+  dispatch_dtype(dtype, "bias_dropout_residual_layernorm", [&](auto type) {
+    using T = typename decltype(type)::type;
     const ForwardArgs<T> args{static_cast<const T*>(tensors.x),
                               static_cast<const T*>(tensors.bias),
                               static_cast<const T*>(tensors.residual),
@@ -621,7 +614,7 @@ void bias_dropout_residual_layernorm_forward(DType dtype, ResidualOrder order,
                               pre_ln,
                               dropout_stream(dropout.p, dropout.seed, dropout.offset)};
     forward_typed<T>(args, stream);
-  })
+  });
 }
 
 size_t bias_dropout_residual_layernorm_backward_workspace_bytes(int rows, int columns) {
@@ -644,7 +637,8 @@ void bias_dropout_residual_layernorm_backward(DType dtype, ResidualOrder order,
     require(tensors.x && tensors.bias && tensors.residual, "post-LN backward recomputes h: pass x, bias and residual");
     require(!tensors.dh_extra, "post-LN has no h output, so no dh_extra: pass none");
   }
-  FUSEKIT_DTYPE_SWITCH(dtype, {
+  dispatch_dtype(dtype, "bias_dropout_residual_layernorm", [&](auto type) {
+    using T = typename decltype(type)::type;
     const BackwardArgs<T> args{static_cast<const T*>(tensors.dy),
                                static_cast<const T*>(tensors.dh_extra),
                                pre_ln ? static_cast<const T*>(tensors.h) : nullptr,
@@ -663,7 +657,7 @@ void bias_dropout_residual_layernorm_backward(DType dtype, ResidualOrder order,
                                dropout_stream(dropout.p, dropout.seed, dropout.offset)};
     backward_typed<T>(args, static_cast<T*>(tensors.dgamma), static_cast<T*>(tensors.dbeta),
                       static_cast<T*>(tensors.dbias), stream);
-  })
+  });
 }
 
 void bias_dropout_residual_layernorm_mask(DType dtype, Dropout dropout, void* mask, int rows, int columns,
@@ -673,9 +667,11 @@ void bias_dropout_residual_layernorm_mask(DType dtype, Dropout dropout, void* ma
   const size_t count = static_cast<size_t>(rows) * columns;
   if (count == 0) return;
   const int blocks = static_cast<int>(std::min<size_t>((count + 255) / 256, 64 * multiprocessors()));
-  FUSEKIT_DTYPE_SWITCH(dtype,
-                       dropout_mask_kernel<T><<<blocks, 256, 0, stream>>>(
-                           static_cast<T*>(mask), count, dropout_stream(dropout.p, dropout.seed, dropout.offset)));
+  dispatch_dtype(dtype, "bias_dropout_residual_layernorm", [&](auto type) {
+    using T = typename decltype(type)::type;
+    dropout_mask_kernel<T><<<blocks, 256, 0, stream>>>(static_cast<T*>(mask), count,
+                                                       dropout_stream(dropout.p, dropout.seed, dropout.offset));
+  });
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }
 

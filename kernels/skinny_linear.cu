@@ -39,8 +39,9 @@
 #include <type_traits>
 
 #include "kernels/common.cuh"
-#include "kernels/layernorm_common.cuh"
-#include "kernels/mma_fragments.cuh"
+#include "kernels/detail/dispatch.h"
+#include "kernels/detail/layernorm_common.cuh"
+#include "kernels/detail/mma_fragments.cuh"
 
 namespace fusekit::kernels {
 namespace {
@@ -565,30 +566,20 @@ void backward_typed(LinearContext& context, const LinearShape& s, const void* dy
 void skinny_linear_forward(DType dtype, const LinearShape& shape, const void* x, const void* weight, const void* bias,
                            void* y, cudaStream_t stream) {
   check_skinny(shape);
-  switch (dtype) {
-    case DType::f32:
-      return forward_typed<float>(shape, x, weight, bias, y, stream);
-    case DType::f16:
-      return forward_typed<__half>(shape, x, weight, bias, y, stream);
-    case DType::bf16:
-      return forward_typed<__nv_bfloat16>(shape, x, weight, bias, y, stream);
-  }
-  throw std::invalid_argument("linear: unknown dtype");
+  dispatch_dtype(dtype, "linear", [&](auto type) {
+    using T = typename decltype(type)::type;
+    forward_typed<T>(shape, x, weight, bias, y, stream);
+  });
 }
 
 void skinny_linear_backward(LinearContext& context, DType dtype, const LinearShape& shape, const void* dy,
                             const void* x, const void* weight, void* dx, void* dweight, void* dbias,
                             cudaStream_t stream) {
   check_skinny(shape);
-  switch (dtype) {
-    case DType::f32:
-      return backward_typed<float>(context, shape, dy, x, weight, dx, dweight, dbias, stream);
-    case DType::f16:
-      return backward_typed<__half>(context, shape, dy, x, weight, dx, dweight, dbias, stream);
-    case DType::bf16:
-      return backward_typed<__nv_bfloat16>(context, shape, dy, x, weight, dx, dweight, dbias, stream);
-  }
-  throw std::invalid_argument("linear: unknown dtype");
+  dispatch_dtype(dtype, "linear", [&](auto type) {
+    using T = typename decltype(type)::type;
+    backward_typed<T>(context, shape, dy, x, weight, dx, dweight, dbias, stream);
+  });
 }
 
 }  // namespace fusekit::kernels

@@ -8,22 +8,18 @@
 // kernel that reads the row twice (correct for any length, slower).
 //
 // Rows of up to 256 keys that are no multiple of a 16-byte vector (Swin's 49 keys) are read element
-// by element in the forward, 8 lanes a row of 49; that kernel is bound by issuing instructions
-// (H100, fp16, 8192 x 3 x 49 x 49: 86% of issue slots busy, DRAM 36%), so the row's (b, h, q) comes
-// from multiply-high divisions (fast_divide.h) and Swin's 49 keys get the count compiled in. Measured
-// slower there, and so not used: staging x through shared memory (157 -> 170 us), forming the
-// scores in float in a shared tile (200 us), and aligned 16-byte vectors of x, the bias and the
-// mask realigned with shuffles and byte permutes (206 us): each adds instructions. Their backward,
-// with no bias to read, stages y and dy in shared-memory tiles, so that global memory sees only
-// 16-byte vectors, and runs at the copy ceiling there.
+// by element in the forward, 8 lanes a row of 49; that kernel is bound by issuing instructions, so
+// the row's (b, h, q) comes from multiply-high divisions (fast_divide.h) and Swin's 49 keys get the
+// count compiled in. Staging x through shared memory, forming the scores in float in a shared tile,
+// and realigning 16-byte vectors with shuffles all add instructions and measured slower. Their
+// backward, with no bias to read, stages y and dy in shared-memory tiles, so that global memory sees
+// only 16-byte vectors.
 //
 // The masks become, per row, a key limit (padding, causal: keys at or past it are removed) and
 // pointers to the row's additive terms (bias). Removed keys are not read at all, so a padded or
 // causal forward reads only the scores it keeps. The lane kernels compile the mask kind in, form the
-// scores in base 2 (z * log2(e)), and take each exponential as one subtraction and one ex2.approx.ftz:
-// H100, fp16, 64 x 12 x 128 x 128 with padding, where the kernel is bound by issuing instructions,
-// the forward went 23.2 -> 21.7 us in one process, a fresh input set every launch (the kernel's SASS
-// 416 -> 192 instructions).
+// scores in base 2 (z * log2(e)), and take each exponential as one subtraction and one
+// ex2.approx.ftz, which halves the kernel's instructions where it is bound by issuing them.
 #include <algorithm>
 #include <climits>
 #include <stdexcept>
@@ -31,7 +27,8 @@
 #include <type_traits>
 
 #include "kernels/common.cuh"
-#include "kernels/fast_divide.h"
+#include "kernels/detail/dispatch.h"
+#include "kernels/detail/fast_divide.h"
 #include "kernels/softmax.h"
 
 namespace fusekit::kernels {
@@ -399,14 +396,10 @@ struct Config {
 // one 16-byte vector a lane where that fills 4..32 lanes exactly, else 4..32 lanes per row with up
 // to 4 vectors each (8 single elements each where vec is 1), else a block per row with 4 vectors
 // per thread, or 8 where max_block_nv allows; {0, 0} if none does. One vector a lane holds fewer
-// registers, so more rows are in flight: H100, fp16, 64 x 12 x 128 x 128 with padding, 16 lanes of
-// one vector against 4 lanes of four, forward 25.4 -> 23.4 us, forward + backward 49.2 -> 41.6 us.
-// Rows that a padding or causal mask cuts short (`cut_rows`, forward) are read in part, so there a
-// row of exactly 2 x 16 or 2 x 32 vectors takes two vectors a lane on half the lanes: each shuffle
-// of the reductions then serves twice the elements. H100, fp16, forward with padding, one process,
-// a fresh input set every launch: 32 x 16 x 512 x 512 (against 16 lanes of four) 158.3 -> 149.1 us,
-// 64 x 12 x 256 x 256 63.7 -> 62.7 us; not at 128 keys (8 lanes of two: 21.7 -> 22.1 us), nor for
-// rows read whole.
+// registers, so more rows are in flight. Rows that a padding or causal mask cuts short (`cut_rows`,
+// forward) are read in part, so there a row of exactly 2 x 16 or 2 x 32 vectors takes two vectors a
+// lane on half the lanes: each shuffle of the reductions then serves twice the elements (measured
+// faster at 256 and 512 keys; not at 128, nor for rows read whole).
 Config choose_config(int vectors, int vec, int max_block_nv, bool cut_rows = false) {
   if (cut_rows && vec > 1) {
     for (int tpr : {16, 32}) {
@@ -605,7 +598,8 @@ void softmax_forward(DType dtype, const void* x, void* y, SoftmaxShape shape, fl
   const int rows = checked_rows(shape);
   check_masking(masking);
   if (rows == 0) return;
-  FUSEKIT_DTYPE_SWITCH(dtype, {
+  dispatch_dtype(dtype, "softmax", [&](auto type) {
+    using T = typename decltype(type)::type;
     const bool bias = masking.kind == SoftmaxMask::bias;
     const Masking<T> m{masking.kind,
                        masking.lengths,
@@ -616,15 +610,18 @@ void softmax_forward(DType dtype, const void* x, void* y, SoftmaxShape shape, fl
                        FastDivide(shape.queries),
                        shape.keys};
     forward_typed<T>(static_cast<const T*>(x), static_cast<T*>(y), m, scale, rows, stream);
-  })
+  });
 }
 
 void softmax_backward(DType dtype, const void* y, const void* dy, void* dx, SoftmaxShape shape, float scale,
                       cudaStream_t stream) {
   const int rows = checked_rows(shape);
   if (rows == 0) return;
-  FUSEKIT_DTYPE_SWITCH(dtype, backward_typed<T>(static_cast<const T*>(y), static_cast<const T*>(dy),
-                                                static_cast<T*>(dx), scale, rows, shape.keys, stream))
+  dispatch_dtype(dtype, "softmax", [&](auto type) {
+    using T = typename decltype(type)::type;
+    backward_typed<T>(static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), scale, rows, shape.keys,
+                      stream);
+  });
 }
 
 }  // namespace fusekit::kernels
