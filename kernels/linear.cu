@@ -8,9 +8,9 @@
 #include <string>
 
 #include "kernels/bias_gelu.h"
-#include "kernels/cublas_check.h"
 #include "kernels/cuda_check.h"
-#include "kernels/skinny_linear.h"
+#include "kernels/detail/cublas_check.h"
+#include "kernels/detail/skinny_linear.h"
 
 namespace fusekit::kernels {
 namespace {

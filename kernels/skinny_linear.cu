@@ -26,7 +26,7 @@
 // layernorm_rows::parameter_gradient_kernel adds the blocks' partials in a fixed order: no atomics,
 // and the same bits on every run on one device (the rows' split into partials follows the grid: one
 // wave of resident blocks, so the device's multiprocessor count and occupancy).
-#include "kernels/skinny_linear.h"
+#include "kernels/detail/skinny_linear.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
