@@ -1,3 +1,9 @@
+// bias + GELU forward and backward (see bias_gelu.h for the math and layouts).
+//
+// Design: both directions are one pass over the rows, in 16-byte vectors where C and the pointers
+// allow, with z = x + bias held in float (never rounded to the storage type). The backward's dbias
+// is summed without atomics: each block keeps its columns' partial sums in registers and writes one
+// partial row, and a second kernel adds the partial rows in a fixed order.
 #include "kernels/bias_gelu.h"
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // The linear layer for skinny shapes: K, N <= 64 (Swin's 49-token window GEMMs), unpadded with a
 // feature size that is not a multiple of 8, where every row is only 2-byte aligned and cuBLASLt runs
-// its align-1 kernels, or padded (run over the padded extents; kernels/linear.h has the numbers). The
+// its align-1 kernels, or padded (run over the padded extents; evidence/h100/notes/linear.md has the numbers). The
 // GEMMs are memory bound, so the kernels are built around the bytes:
 //
 //   forward:  y = x W^T + b

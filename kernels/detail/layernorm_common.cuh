@@ -1,7 +1,8 @@
-// The pieces that every row-normalizing kernel of fusekit shares (LayerNorm, and the fused
-// bias + dropout + residual + LayerNorm): how a block splits into row groups, which register
-// configuration holds a row, the vector width the pointers allow, and the second stage of the
-// parameter-gradient reduction.
+// The pieces that every row-normalizing kernel of fusekit shares (LayerNorm, bias + dropout +
+// residual + LayerNorm, embedding + LayerNorm, the gathered LayerNorm of Swin's window partition and
+// patch merging; the skinny linear backward uses the parameter-gradient reduction): how a block
+// splits into row groups, which register configuration holds a row, the vector width the pointers
+// allow, and the second stage of the parameter-gradient reduction.
 //
 // A row group of TPR threads owns one row at a time, each thread holding NV vectors of VEC elements:
 // TPR = 4..32 lanes of a warp per row (several rows per block), TPR = 128..1024 a block per row.
