@@ -20,13 +20,13 @@
 // thread 4 parameters, so that every float buffer moves in 16-byte vectors that are contiguous
 // across a warp (with 8 a thread, each float instruction covered every other 16 bytes of a
 // 1 KiB span), and each block one tile of 4 x 256 parameters, back to front, so its first gradient
-// reads hit the tail the check has just left in L2. H100, fp16, 110.1M parameters (probe, exp):
-// with master weights 1536 -> 1143 us (66.7% -> 89.6% of the copy ceiling), without 1175 -> 914 us.
+// reads hit the tail the check has just left in L2.
 // The step count lives on the device in two slots: the check copies "after the last step" into "at
 // the start of this one", the update reads the latter and its block 0 writes the former, so no
 // block reads what another writes in the same launch.
 #include "kernels/adamw.h"
 #include "kernels/common.cuh"
+#include "kernels/detail/dispatch.h"
 
 #include <algorithm>
 #include <climits>
@@ -342,7 +342,10 @@ AdamWTrainer::AdamWTrainer(DType dtype, const std::vector<size_t>& sizes, bool m
     throw std::invalid_argument("adamw trainer: parameters must be fp16 or bf16 (fp32 tensors: adamw_step)");
   }
   layout_ = flat_layout(sizes, 16 / dtype_size(dtype));
-  check_blocks_ = dtype == DType::f16 ? check_grid<__half>() : check_grid<__nv_bfloat16>();
+  check_blocks_ = dispatch_16bit_dtype(dtype, "adamw trainer", [](auto type) {
+    using T = typename decltype(type)::type;
+    return check_grid<T>();
+  });
   const size_t n = std::max<size_t>(layout_.elements, 1);
   auto allocate = [](auto** p, size_t bytes) {
     FUSEKIT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(p), bytes));
@@ -384,12 +387,10 @@ void AdamWTrainer::load_master_weights(cudaStream_t stream) {
   if (!master_ || layout_.elements == 0) return;
   const int blocks = static_cast<int>(
       std::min<size_t>((layout_.elements + kThreads - 1) / kThreads, static_cast<size_t>(8 * multiprocessors())));
-  if (dtype_ == DType::f16) {
-    widen_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __half*>(parameters_), master_, layout_.elements);
-  } else {
-    widen_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(parameters_), master_,
-                                                  layout_.elements);
-  }
+  dispatch_16bit_dtype(dtype_, "adamw trainer", [&](auto type) {
+    using T = typename decltype(type)::type;
+    widen_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(parameters_), master_, layout_.elements);
+  });
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -400,8 +401,8 @@ void AdamWTrainer::step(const AdamWOptions& options, float loss_scale, cudaStrea
                                 ")");
   }
   const float inv_scale = 1.0f / loss_scale;
-  auto run = [&](auto type_tag) {
-    using T = decltype(type_tag);
+  dispatch_16bit_dtype(dtype_, "adamw trainer", [&](auto type) {
+    using T = typename decltype(type)::type;
     auto* p = static_cast<T*>(parameters_);
     const auto* g = static_cast<const T*>(gradients_);
     if (master_) {
@@ -411,11 +412,7 @@ void AdamWTrainer::step(const AdamWOptions& options, float loss_scale, cudaStrea
       trainer_step_typed<T, false>(p, g, nullptr, exp_avg_, exp_avg_sq_, layout_.elements, flags_, check_blocks_,
                                    static_cast<TrainerState*>(state_), options, inv_scale, stream);
     }
-  };
-  if (dtype_ == DType::f16)
-    run(__half{});
-  else
-    run(__nv_bfloat16{});
+  });
 }
 
 int64_t AdamWTrainer::step_count(cudaStream_t stream) const {

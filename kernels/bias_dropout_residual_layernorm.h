@@ -2,7 +2,7 @@
 // epilogue of a Transformer sublayer after its output projection (the GEMM that leaves x without
 // its bias).
 //
-//   forward:  m[r,c] = kept(r, c) / (1 - p)          (kernels/philox.cuh: the dropout stream)
+//   forward:  m[r,c] = kept(r, c) / (1 - p)          (kernels/detail/philox.cuh: the dropout stream)
 //             h = residual + (x + bias) * m
 //             y = LayerNorm(h; gamma, beta)            (kernels/layernorm.h), mean and rstd saved
 //   backward: dh = LayerNorm-backward(dy) (+ dh_extra)

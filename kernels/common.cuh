@@ -14,7 +14,7 @@
 #include <initializer_list>
 
 #include "kernels/cuda_check.h"
-#include "kernels/launch.h"  // host-side launch choices
+#include "kernels/detail/launch.h"  // host-side launch choices
 
 namespace fusekit::kernels {
 
@@ -22,7 +22,7 @@ constexpr int kWarpSize = 32;
 
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// The first statement of a kernel launched by launch_after_prior (launch.h): waits until the kernel
+// The first statement of a kernel launched by launch_after_prior (detail/launch.h): waits until the kernel
 // before it in the stream has finished and its writes are visible. Returns at once after an ordinary
 // launch, and compiles to nothing below sm_90.
 __device__ __forceinline__ void wait_for_prior_grid() {

@@ -20,6 +20,7 @@
 
 #include "kernels/common.cuh"
 #include "kernels/cross_entropy.h"
+#include "kernels/detail/dispatch.h"
 
 namespace fusekit::kernels {
 namespace {
@@ -340,17 +341,22 @@ void cross_entropy_forward(DType dtype, const void* logits, const int64_t* label
                            float* mean_loss, int* valid_rows, int rows, int vocab, int64_t ignore_index,
                            float label_smoothing, cudaStream_t stream) {
   check_arguments(rows, vocab, label_smoothing);
-  FUSEKIT_DTYPE_SWITCH(dtype, forward_typed<T>(static_cast<const T*>(logits), labels, losses, logsumexp, mean_loss,
-                                               valid_rows, rows, vocab, ignore_index, label_smoothing, stream))
+  dispatch_dtype(dtype, "cross_entropy", [&](auto type) {
+    using T = typename decltype(type)::type;
+    forward_typed<T>(static_cast<const T*>(logits), labels, losses, logsumexp, mean_loss, valid_rows, rows, vocab,
+                     ignore_index, label_smoothing, stream);
+  });
 }
 
 void cross_entropy_backward(DType dtype, const void* logits, const int64_t* labels, const float* logsumexp,
                             const int* valid_rows, const float* dloss, void* dlogits, int rows, int vocab,
                             int64_t ignore_index, float label_smoothing, cudaStream_t stream) {
   check_arguments(rows, vocab, label_smoothing);
-  FUSEKIT_DTYPE_SWITCH(dtype,
-                       backward_typed<T>(static_cast<const T*>(logits), labels, logsumexp, valid_rows, dloss,
-                                         static_cast<T*>(dlogits), rows, vocab, ignore_index, label_smoothing, stream))
+  dispatch_dtype(dtype, "cross_entropy", [&](auto type) {
+    using T = typename decltype(type)::type;
+    backward_typed<T>(static_cast<const T*>(logits), labels, logsumexp, valid_rows, dloss, static_cast<T*>(dlogits),
+                      rows, vocab, ignore_index, label_smoothing, stream);
+  });
 }
 
 }  // namespace fusekit::kernels

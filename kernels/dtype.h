@@ -12,23 +12,3 @@ size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);  // "fp32", "fp16", "bf16"
 
 }  // namespace fusekit::kernels
-
-// In CUDA sources: maps the run-time dtype to the storage type T for the statements that follow.
-#define FUSEKIT_DTYPE_SWITCH(dtype, ...)    \
-  switch (dtype) {                          \
-    case ::fusekit::kernels::DType::f32: {  \
-      using T = float;                      \
-      __VA_ARGS__;                          \
-      break;                                \
-    }                                       \
-    case ::fusekit::kernels::DType::f16: {  \
-      using T = __half;                     \
-      __VA_ARGS__;                          \
-      break;                                \
-    }                                       \
-    case ::fusekit::kernels::DType::bf16: { \
-      using T = __nv_bfloat16;              \
-      __VA_ARGS__;                          \
-      break;                                \
-    }                                       \
-  }

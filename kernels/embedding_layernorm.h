@@ -2,7 +2,7 @@
 //
 //   forward:  e[r,:] = word[word_ids[r],:] + position[position_ids[r],:] + token_type[type_ids[r],:]
 //             (summed in float), y = LayerNorm(e; gamma, beta) * m, mean and rstd of e saved,
-//             m[r,c] = kept(r, c) / (1 - p)   (kernels/philox.cuh: element r * H + c of the dropout
+//             m[r,c] = kept(r, c) / (1 - p)   (kernels/detail/philox.cuh: element r * H + c of the dropout
 //             stream, the same stream as bias_dropout_residual_layernorm; never stored)
 //   backward: de = LayerNorm-backward(dy * m)  (e recomputed from the tables, never stored)
 //             dword[v,:] = sum of de over the tokens whose word id is v (0 for rows never used),

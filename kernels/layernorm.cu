@@ -11,10 +11,10 @@
 // The backward keeps each thread's columns fixed across the rows it visits (a grid-stride loop over
 // rows), so dgamma and dbeta accumulate in registers; each block writes one partial row and a second
 // kernel sums the partials. No atomics. A warp per row keeps its sums in registers too, unlike the
-// fused row kernels (ColumnSums in layernorm_common.cuh): in shared memory they measured slower here
-// (H100, fp16 8192 x 768 forward + backward: 44.6 against 40.1 us).
+// fused row kernels (ColumnSums in layernorm_common.cuh): in shared memory they measured slower here.
+#include "kernels/detail/dispatch.h"
+#include "kernels/detail/layernorm_common.cuh"
 #include "kernels/layernorm.h"
-#include "kernels/layernorm_common.cuh"
 
 #include <algorithm>
 #include <stdexcept>
@@ -244,8 +244,7 @@ __global__ void layernorm_backward_looping_kernel(const T* __restrict__ dy, cons
 // ---- kernel launchers
 
 // The forward's configuration: the fewest lanes per row that hold it in at most 3 vectors a lane,
-// else choose_config's. Measured on the H100 (fp16, rows of 128: 8 lanes x 2 vectors 77.6 us, 4 x 4
-// 79.9 us, one row per group).
+// else choose_config's (measured faster than fewer lanes with more vectors each).
 Config choose_forward_config(int vectors) {
   for (int tpr : {4, 8, 16, 32}) {
     if (vectors <= tpr * 3) return {tpr, ceil_div(vectors, tpr)};
@@ -254,21 +253,16 @@ Config choose_forward_config(int vectors) {
 }
 
 // Rows per row group: one (a grid of every row: the best at large sizes, where one resident wave
-// walking the rows lost 5-9% to it on the H100 at 401408 x 96..192 and 100352 x 384) unless that
-// grid is under four waves, where two rows a group (the second prefetched) measured best
-// (8192 x 768, 16384 x 1024).
+// walking the rows lost 5-9% to it) unless that grid is under four waves, where two rows a group
+// (the second prefetched) measured best.
 int forward_rows_per_group(int blocks_for_every_row, int resident) {
   return blocks_for_every_row >= 4 * resident ? 1 : 2;
 }
 
 // An inference forward (no mean and rstd to write) stores y streaming (evict first) where y is larger
 // than L2, which it cannot stay in until it is read anyway, and takes blocks of one warp over a grid
-// of every row. Probes on the H100, fp16, one row a group, no statistics: 401408 x 128 ran 74.1 us
-// in blocks of 32 threads, 74.9 in 64, 75.0 in 256, and 72.8 in 32 with streaming stores
-// (cudaMemcpy of x: 72.2); 401408 x 192 109.5 / 110.2 / 110.3, and 106.9 in 32 streaming. The
-// training forward keeps 256 threads and plain stores: with the statistics saved, 401408 x 128 ran
-// 79.0 us in 32 threads against 77.6 in 256, and streaming stores cost its kernel 1.6 us
-// (74.5 -> 76.1).
+// of every row. The training forward keeps 256 threads and plain stores: with the statistics saved,
+// both measured slower.
 struct ForwardLaunch {
   int threads;
   bool stream;
@@ -356,9 +350,11 @@ void layernorm_forward(DType dtype, const void* x, const void* gamma, const void
     throw std::invalid_argument("layernorm: mean and rstd are both given (training) or both null (inference)");
   }
   if (rows == 0) return;
-  FUSEKIT_DTYPE_SWITCH(
-      dtype, forward_typed<T>(static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(beta),
-                              static_cast<T*>(y), mean, rstd, rows, columns, eps, stream))
+  dispatch_dtype(dtype, "layernorm", [&](auto type) {
+    using T = typename decltype(type)::type;
+    forward_typed<T>(static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(beta),
+                     static_cast<T*>(y), mean, rstd, rows, columns, eps, stream);
+  });
 }
 
 size_t layernorm_backward_workspace_bytes(int rows, int columns) {
@@ -370,10 +366,12 @@ void layernorm_backward(DType dtype, const void* dy, const void* x, const void* 
                         const float* rstd, void* dx, void* dgamma, void* dbeta, int rows, int columns, void* workspace,
                         cudaStream_t stream) {
   check_sizes(rows, columns);
-  FUSEKIT_DTYPE_SWITCH(
-      dtype, backward_typed<T>(static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(gamma), mean,
-                               rstd, static_cast<T*>(dx), static_cast<T*>(dgamma), static_cast<T*>(dbeta), rows,
-                               columns, static_cast<float*>(workspace), stream))
+  dispatch_dtype(dtype, "layernorm", [&](auto type) {
+    using T = typename decltype(type)::type;
+    backward_typed<T>(static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(gamma), mean, rstd,
+                      static_cast<T*>(dx), static_cast<T*>(dgamma), static_cast<T*>(dbeta), rows, columns,
+                      static_cast<float*>(workspace), stream);
+  });
 }
 
 }  // namespace fusekit::kernels

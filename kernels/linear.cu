@@ -1,3 +1,10 @@
+// The linear layer on cuBLASLt (see linear.h for the math, the row-major to column-major mapping and
+// the GELU backward path): LinearContext's plans, scratch buffers and the GEMM calls, and the choice
+// of the skinny kernels (detail/skinny_linear.h) where cuBLASLt would run its align-1 kernels.
+//
+// Design: a plan per (sizes, transposes, dtype, epilogue, pointer alignment), made on first use; the
+// candidates of cuBLASLt's heuristic are timed once then, on the call's own operands, because its
+// first choice can run a fused epilogue as a separate pass (LinearContext::fastest).
 #include "kernels/linear.h"
 
 #include <algorithm>
@@ -8,9 +15,9 @@
 #include <string>
 
 #include "kernels/bias_gelu.h"
-#include "kernels/cublas_check.h"
 #include "kernels/cuda_check.h"
-#include "kernels/skinny_linear.h"
+#include "kernels/detail/cublas_check.h"
+#include "kernels/detail/skinny_linear.h"
 
 namespace fusekit::kernels {
 namespace {

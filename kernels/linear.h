@@ -19,9 +19,9 @@
 //   1. linear_gelu_backward_input:  dpre = gelu'(pre) * (dz W2),  db = sum_rows(dpre)
 //      GeluBackwardPath::cublaslt_epilogue: one GEMM with the DGELU_BGRAD epilogue. On the H100
 //      (CUDA 13.0) cuBLASLt runs that epilogue as a separate pass over D for every candidate
-//      algorithm (182 us after a 58 us GEMM at 8192 x 3072 x 768, fp16), slower than PyTorch's two
-//      kernels; so the default, GeluBackwardPath::kernel, is a plain GEMM into a scratch dy followed
-//      by fusekit's bias_gelu backward (tanh form: dpre and db in one pass, db without atomics).
+//      algorithm (182 us after a 58 us GEMM), slower than PyTorch's two kernels; so the default,
+//      GeluBackwardPath::kernel, is a plain GEMM into a scratch dy followed by fusekit's bias_gelu backward (tanh form:
+//      dpre and db in one pass, db without atomics).
 //   2. linear_backward with dy = dpre and no db:  dW = dpre^T x,  dx = dpre W            (two plain GEMMs)
 // The next layer's own dW2 and db2 come from its linear_backward as usual.
 //
@@ -41,11 +41,9 @@
 //
 // Skinny unpadded shapes (kernels/skinny_linear.cu): unpadded, N and K <= 64, and N or K not a
 // multiple of 8 (Swin's unpadded window GEMMs, 401408x49x32 and 401408x32x49). Their rows are only
-// 2-byte aligned, so cuBLASLt runs its align-1 kernels, measured on the H100 (fp16, CUDA 13.0):
-// 401408x49x32 forward 53.9 us (PyTorch eager 54.0), forward + backward 626.5 us (the BGRADB
-// epilogue's align-1 kernel; eager 370, libtorch 261); 401408x32x49 forward 62.4 us, forward +
-// backward 385 us. These GEMMs are memory bound (the forward moves 65 MB: ~23 us at 2.8 TB/s), so
-// linear_forward (bias epilogue) and linear_backward take fusekit's own kernels there: whole row
+// 2-byte aligned, so cuBLASLt runs its align-1 kernels, several times slower than a copy of the
+// bytes would allow (forward + backward of 401408x49x32, fp16, CUDA 13.0: 626.5 us). These GEMMs
+// are memory bound, so linear_forward (bias epilogue) and linear_backward take fusekit's own kernels there: whole row
 // tiles copied as contiguous 16-byte vectors, mma.sync on fragments gathered in shared memory (fp32:
 // FMA), and a backward that reads dy and x once for dx, dW and db (deterministic: per-block partials,
 // then a reduction; workspace in scratch slot 2). Padded shapes whose padded extents are at most 64

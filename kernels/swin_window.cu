@@ -6,8 +6,9 @@
 // contiguously and each token row is read (or written) whole, in 16-byte vectors where C allows.
 // The partition's LayerNorm is gathered_layernorm.cuh (LayerNorm's row groups and two-stage
 // dgamma/dbeta); the merge and its backward are one vector per thread, a thread per vector.
-#include "kernels/fast_divide.h"
-#include "kernels/gathered_layernorm.cuh"
+#include "kernels/detail/dispatch.h"
+#include "kernels/detail/fast_divide.h"
+#include "kernels/detail/gathered_layernorm.cuh"
 #include "kernels/swin_window.h"
 
 #include <climits>
@@ -102,11 +103,9 @@ __global__ void window_merge_backward_kernel(const T* __restrict__ dy, T* __rest
 constexpr int kMergeThreads = 256;
 
 // A thread per vector (the grid-stride loop only past the grid's limit), not one wave of resident
-// blocks looping: at Swin-T stage 1 (64x56x56x96 fp16, H100) the forward took 44.9 against 46.9 us
-// (86 against 83% of the copy ceiling) and the backward 30.5 against 32.4 us; a plain copy of those
-// bytes shows the same (84% with a thread per vector, 70% one wave of one vector a thread).
-// Row groups holding 4 vectors of each operand a lane (the token index once per row) measured slower
-// (48.4 us), as did one wave with 3 or 4 vectors a thread in the copy.
+// blocks looping, as a plain copy of those bytes shows (84% of the copy ceiling with a thread per
+// vector at Swin-T stage 1, 70% one wave of one vector a thread). Row groups holding 4 vectors of
+// each operand a lane (the token index once per row) measured slower.
 int merge_blocks(const WindowShape& s, int vec) {
   const size_t vectors = static_cast<size_t>(s.tokens()) * (s.channels / vec);
   const size_t wanted = (vectors + kMergeThreads - 1) / kMergeThreads;
@@ -114,8 +113,7 @@ int merge_blocks(const WindowShape& s, int vec) {
 }
 
 // A y larger than L2 cannot stay there until it is read: the forward stores it streaming (evict
-// first). Probe on the H100, fp16: 32x96x96x192 ws12 shift6 118.7 -> 115.1 us, 64x56x56x128 ws7
-// shift3 57.4 -> 55.3 us (block sizes of 128..512 and two vectors a thread no better).
+// first).
 template <class T>
 void merge_forward_typed(const T* windows, const T* shortcut, T* y, const WindowShape& s, cudaStream_t stream) {
   const int vec = vector_width<T>(s.channels, {windows, shortcut, y});
@@ -167,13 +165,14 @@ void check_window_shape(const char* op, const WindowShape& s) {
 void window_partition_forward(DType dtype, const void* x, const void* gamma, const void* beta, void* windows,
                               float* mean, float* rstd, const WindowShape& shape, float eps, cudaStream_t stream) {
   check_window_shape(kPartition, shape);
-  FUSEKIT_DTYPE_SWITCH(dtype, {
+  dispatch_dtype(dtype, kPartition, [&](auto type) {
+    using T = typename decltype(type)::type;
     const T *xt = static_cast<const T*>(x), *g = static_cast<const T*>(gamma), *b = static_cast<const T*>(beta);
     T* out = static_cast<T*>(windows);
     const int vec = vector_width<T>(shape.channels, {xt, g, b, out});
     gathered_layernorm::forward<T>(kPartition, xt, g, b, out, mean, rstd, static_cast<int>(shape.tokens()),
                                    shape.channels, vec, eps, window_map(shape), stream);
-  })
+  });
 }
 
 size_t window_partition_backward_workspace_bytes(const WindowShape& shape) {
@@ -185,27 +184,33 @@ void window_partition_backward(DType dtype, const void* dwindows, const void* x,
                                const float* rstd, void* dx, void* dgamma, void* dbeta, const WindowShape& shape,
                                void* workspace, cudaStream_t stream) {
   check_window_shape(kPartition, shape);
-  FUSEKIT_DTYPE_SWITCH(dtype, {
+  dispatch_dtype(dtype, kPartition, [&](auto type) {
+    using T = typename decltype(type)::type;
     const T *dyt = static_cast<const T*>(dwindows), *xt = static_cast<const T*>(x), *g = static_cast<const T*>(gamma);
     T* dxt = static_cast<T*>(dx);
     const int vec = vector_width<T>(shape.channels, {dyt, xt, g, dxt});
     gathered_layernorm::backward<T>(kPartition, dyt, xt, g, mean, rstd, dxt, static_cast<T*>(dgamma),
                                     static_cast<T*>(dbeta), static_cast<int>(shape.tokens()), shape.channels, vec,
                                     window_map(shape), static_cast<float*>(workspace), stream);
-  })
+  });
 }
 
 void window_merge_forward(DType dtype, const void* windows, const void* shortcut, void* y, const WindowShape& shape,
                           cudaStream_t stream) {
   check_window_shape(kMerge, shape);
-  FUSEKIT_DTYPE_SWITCH(dtype, merge_forward_typed<T>(static_cast<const T*>(windows), static_cast<const T*>(shortcut),
-                                                     static_cast<T*>(y), shape, stream))
+  dispatch_dtype(dtype, kMerge, [&](auto type) {
+    using T = typename decltype(type)::type;
+    merge_forward_typed<T>(static_cast<const T*>(windows), static_cast<const T*>(shortcut), static_cast<T*>(y), shape,
+                           stream);
+  });
 }
 
 void window_merge_backward(DType dtype, const void* dy, void* dwindows, const WindowShape& shape, cudaStream_t stream) {
   check_window_shape(kMerge, shape);
-  FUSEKIT_DTYPE_SWITCH(dtype,
-                       merge_backward_typed<T>(static_cast<const T*>(dy), static_cast<T*>(dwindows), shape, stream))
+  dispatch_dtype(dtype, kMerge, [&](auto type) {
+    using T = typename decltype(type)::type;
+    merge_backward_typed<T>(static_cast<const T*>(dy), static_cast<T*>(dwindows), shape, stream);
+  });
 }
 
 }  // namespace fusekit::kernels

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstddef>
 
-#include "kernels/philox.cuh"
+#include "kernels/detail/philox.cuh"
 
 namespace fusekit::reference {
 namespace {

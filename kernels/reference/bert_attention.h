@@ -18,7 +18,7 @@ struct BertAttentionSizes {
 };
 
 // M[((b * heads + h) * seq + i) * seq + j] = kept / (1 - p) from the Philox stream (seed, offset)
-// (kernels/philox.cuh), the elements the kernels draw; p = 0: all 1.
+// (kernels/detail/philox.cuh), the elements the kernels draw; p = 0: all 1.
 std::vector<double> bert_attention_dropout_multipliers(const BertAttentionSizes& sizes, float p, uint64_t seed,
                                                        uint64_t offset);
 

@@ -2,7 +2,7 @@
 
 #include <cstddef>
 
-#include "kernels/philox.cuh"
+#include "kernels/detail/philox.cuh"
 #include "kernels/reference/layernorm.h"
 
 namespace fusekit::reference {

@@ -1,6 +1,6 @@
 // Float64 reference of bias + dropout + residual + LayerNorm, forward and backward (the math is in
 // kernels/bias_dropout_residual_layernorm.h), with the dropout mask regenerated from the same
-// Philox stream the kernels draw (kernels/philox.cuh).
+// Philox stream the kernels draw (kernels/detail/philox.cuh).
 #pragma once
 
 #include <cstdint>

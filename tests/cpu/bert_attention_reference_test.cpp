@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/philox.cuh"
+#include "kernels/detail/philox.cuh"
 #include "kernels/reference/bert_attention.h"
 #include "tests/cpu/reference_test_support.h"
 

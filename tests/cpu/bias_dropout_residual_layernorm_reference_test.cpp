@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/philox.cuh"
+#include "kernels/detail/philox.cuh"
 #include "kernels/reference/bias_dropout_residual_layernorm.h"
 
 namespace fusekit {

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/fast_divide.h"
+#include "kernels/detail/fast_divide.h"
 
 namespace fusekit::kernels {
 namespace {

@@ -4,7 +4,7 @@
 // (tail tiles, several key and query tiles, both backward paths); per-sequence valid lengths with
 // one sequence fully valid, one with no valid key at all, lengths at the tiles' edges and lengths
 // the kernels clamp (past seq, negative); dropout p = 0, 0.1 and 0.9, the reference applying the
-// same Philox mask, regenerated on the host from kernels/philox.cuh; scores at 4x the usual scale.
+// same Philox mask, regenerated on the host from kernels/detail/philox.cuh; scores at 4x the usual scale.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -18,9 +18,9 @@
 
 #include "device_buffers.h"
 #include "gpu_test_support.h"
+#include "kernels/detail/skinny_linear.h"
 #include "kernels/linear.h"
 #include "kernels/reference/linear.h"
-#include "kernels/skinny_linear.h"
 
 namespace fusekit::kernels {
 namespace {

@@ -1,5 +1,7 @@
-// Register-level tensor-core products and asynchronous copies for the fused attention kernels that
-// keep their scores in registers (window_attention.cu's 49-token kernels, bert_attention.cu).
+// Register-level tensor-core products (mma.sync, ldmatrix) and asynchronous copies (cp.async): for
+// the attention kernels that keep their scores in registers (bert_attention, both window sizes of
+// window_attention) and the skinny linear kernels; the bias + dropout + residual + LayerNorm
+// backward uses the copies.
 //
 // mma.sync m16n8k16 with fp32 accumulators (PTX ISA, "Matrix Fragments for mma.m16n8k16"). With
 // lane = 4 g + t (g = lane / 4, t = lane % 4) and pairs of 16-bit elements packed in one register,

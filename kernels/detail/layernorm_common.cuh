@@ -1,7 +1,8 @@
-// The pieces that every row-normalizing kernel of fusekit shares (LayerNorm, and the fused
-// bias + dropout + residual + LayerNorm): how a block splits into row groups, which register
-// configuration holds a row, the vector width the pointers allow, and the second stage of the
-// parameter-gradient reduction.
+// The pieces that every row-normalizing kernel of fusekit shares (LayerNorm, bias + dropout +
+// residual + LayerNorm, embedding + LayerNorm, the gathered LayerNorm of Swin's window partition and
+// patch merging; the skinny linear backward uses the parameter-gradient reduction): how a block
+// splits into row groups, which register configuration holds a row, the vector width the pointers
+// allow, and the second stage of the parameter-gradient reduction.
 //
 // A row group of TPR threads owns one row at a time, each thread holding NV vectors of VEC elements:
 // TPR = 4..32 lanes of a warp per row (several rows per block), TPR = 128..1024 a block per row.
@@ -55,8 +56,7 @@ constexpr bool kRowConfigBuilt = NV <= 4 && (VEC > 1 || NV == 4);
 
 // The backward's configuration: it holds two float accumulators per column besides the row, so
 // rows that fit 32 lanes take one vector a lane (more lanes per row, fewer registers, more rows in
-// flight); longer rows as choose_config. Measured on the H100 at 401408 x 128 and x 192 (fp16):
-// 1.2x faster than four vectors a lane.
+// flight); longer rows as choose_config.
 inline Config choose_backward_config(int vectors) {
   for (int tpr : {4, 8, 16, 32}) {
     if (vectors <= tpr) return {tpr, 1};
@@ -68,9 +68,8 @@ inline Config choose_backward_config(int vectors) {
 // threads ({0, 0} outside that range). The fused backwards, which keep three or more sums per column
 // besides the row, take it where it measured faster (see their launchers): the sums stay in registers
 // (VEC floats each), and each column has one owner thread in the block, so sums kept per block need
-// no atomics. A 768-column fp16 row leaves the last warp idle; 96-thread blocks measured no faster
-// (embedding backward, 8192 x 768). LayerNorm's own backward measured slower with it (H100, fp16,
-// 8192 x 768: 29.1 against 25.8 us; 16384 x 1024: 62.8 against 51.2) and keeps lanes per row.
+// no atomics. A 768-column fp16 row leaves the last warp idle; 96-thread blocks measured no faster.
+// LayerNorm's own backward measured slower with it and keeps lanes per row.
 inline Config block_row_config(int vectors) {
   if (vectors <= kWarpSize) return {0, 0};
   for (int tpr : {64, 128, 256}) {
@@ -143,9 +142,8 @@ void dispatch_vector_width(int vec, FN&& fn) {
 
 // Loads thread t's vectors of a row: out[j] = load(c) for column c = (j * TPR + t) * VEC, j < NV,
 // where `valid` and c < C; other entries are left as they are. Every load is issued before any is
-// used: with a use inside each load's branch, each load waited for the one before (H100, the
-// gathered LayerNorm at Swin-T stage 1: 35.6 against 32.0 us). The callers' later passes test the
-// same condition before reading an entry.
+// used: with a use inside each load's branch, each load waited for the one before. The callers'
+// later passes test the same condition before reading an entry.
 template <int TPR, int VEC, class V, int NV, class Load>
 __device__ __forceinline__ void load_vectors(V (&out)[NV], bool valid, int C, int t, Load&& load) {
 #pragma unroll
@@ -175,12 +173,9 @@ template <int K, int NV, int VEC, int TPR>
 __device__ void write_block_partials(float (&acc)[K][NV][VEC], float* __restrict__ block_partial,
                                      float* __restrict__ warp_partial, int C, int t) {
   if constexpr (!RowGroups<TPR>::kLanesPerRow) {
-    // 16-byte stores where the partial rows allow them: a warp's scalar stores of 8 consecutive
-    // floats a thread touched 32 sectors for 4 sectors' worth of data, and every block writes at
-    // once at the end of a one-wave grid (ncu, bias + dropout + residual + LayerNorm backward at
-    // 16384 x 1024: 24% of all its sectors were these). H100, fp16, that backward alone, A/B in one
-    // process, three rounds: 16384 x 1024 78.9 -> 70.4 us, 8192 x 1024 52.4 -> 43.0 us, 8192 x 768
-    // 41.4 -> 40.1 us.
+    // 16-byte stores where the partial rows allow them: a warp's scalar stores of 8 consecutive floats a
+    // thread touched 32 sectors for 4 sectors' worth of data, and every block writes at once at the end
+    // of a one-wave grid.
     const bool wide = VEC % 4 == 0 && C % 4 == 0 && reinterpret_cast<uintptr_t>(block_partial) % 16 == 0;
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
@@ -244,8 +239,7 @@ __device__ void write_block_partials(float (&acc)[K][NV][VEC], float* __restrict
 //   dynamic shared memory the lanes-per-row kernels already have for write_block_partials. Each column
 //   has one owner lane in its warp, and consecutive lanes add to consecutive floats (no bank
 //   conflicts). It takes K x NV x VEC floats off every thread's registers: at BERT shapes the
-//   register sums bound residency (ncu on the H100, 8192 x 768 fp16: LayerNorm backward 104
-//   registers, 2 blocks of 256 a multiprocessor; bias + dropout + residual + LayerNorm 170, 1 block).
+//   register sums bound residency.
 //   The fused row backwards (bias + dropout + residual + LayerNorm, embedding + LayerNorm) use it;
 //   LayerNorm's own backward measured faster with its sums in registers and keeps them there.
 template <int K, int NV, int VEC, int TPR, bool kShared>

@@ -1,8 +1,8 @@
 // The linear layer's "skinny" path (internal to linear.cu): kernels of its own for shapes whose stored
 // extents are at most 64, unpadded with a feature size that is not a multiple of 8 (where cuBLASLt
-// would run its align-1 kernels) or padded (kernels/linear.h says why and what was measured). Same
-// math, same operands, bias epilogue only; the backward adds per-block partials of dW and db in a
-// fixed order (the same bits on every run on one device).
+// would run its align-1 kernels) or padded (kernels/linear.h says why). Same math, same operands,
+// bias epilogue only; the backward adds per-block partials of dW and db in a fixed order (the same
+// bits on every run on one device).
 #pragma once
 
 #include <cuda_runtime.h>

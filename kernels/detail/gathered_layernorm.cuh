@@ -10,10 +10,9 @@
 //
 // The row groups, register configurations and the two-stage parameter-gradient reduction are
 // LayerNorm's (layernorm_common.cuh). The forward launches a row group per row at every size (no
-// one-wave grid, no prefetch of the next row: both measured slower for gathered rows, see the
-// launcher; layernorm.cu does the same at large sizes only), and there is no looping kernel for rows
-// beyond the register configurations (Swin's rows are 96..3072 columns): such rows are a
-// std::invalid_argument.
+// one-wave grid, no prefetch of the next row: both measured slower for gathered rows; layernorm.cu
+// does the same at large sizes only), and there is no looping kernel for rows beyond the register
+// configurations (Swin's rows are 96..3072 columns): such rows are a std::invalid_argument.
 #pragma once
 
 #include <algorithm>
@@ -21,7 +20,7 @@
 #include <string>
 #include <type_traits>
 
-#include "kernels/layernorm_common.cuh"
+#include "kernels/detail/layernorm_common.cuh"
 
 namespace fusekit::kernels::gathered_layernorm {
 
@@ -48,12 +47,10 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? kLaneKernelThreads : TPR, k
     const bool valid = row < rows;
     const auto source = map.row(valid ? row : 0);
     V in[NV];
-    // Not streaming (evict-first) loads, which measured slower: probably because a 128-byte line
-    // of x can hold parts of two tokens that different row groups read, and evicted first it may
-    // be read twice (H100, fp16, the partition forward at 64x56x56x96 ws7: 35.7 against 34.7 us).
-    // Loads that ask L2 for the whole 256-byte block, with the map's fast divisions and at most 32
-    // registers (above), took the stage-1 partition from 31.5 to 31.1 us (A/B in one process, 40
-    // launches queued per round; cudaMemcpy of the same bytes 29.8).
+    // Not streaming (evict-first) loads, which measured slower: probably because a 128-byte line of x
+    // can hold parts of two tokens that different row groups read, and evicted first it may be read
+    // twice. Loads that ask L2 for the whole 256-byte block, with the map's fast divisions and at most
+    // 32 registers (above), measured faster.
     load_vectors<TPR, VEC>(in, valid, L, t, [&](int c) { return V::load_block256(x + source(c)); });
     float sum = 0.f;
 #pragma unroll
@@ -191,11 +188,10 @@ void forward(const char* op, const T* x, const T* gamma, const T* beta, T* y, fl
       constexpr int TPR = decltype(tpr_c)::value, NV = decltype(nv_c)::value;
       if constexpr (NV <= 4) {  // choose_config(.., 4) never asks for more
         const int threads = TPR <= kWarpSize ? kLaneKernelThreads : TPR;
-        // A row group per row, not one wave of resident blocks walking several rows each: at Swin-T
-        // stage 1 (200704 rows of 96 halves, H100) 32.5 against 33.4 us, as a plain copy of those
-        // bytes is faster with a thread per vector than one wave (fewer rows in lockstep, no tail of
-        // blocks that all finish their last row together). layernorm.cu's next-row prefetch measured
-        // slower here (34.4 us one wave, 33.6 us a group per row).
+        // A row group per row, not one wave of resident blocks walking several rows each, as a plain copy
+        // of those bytes is faster with a thread per vector than one wave (fewer rows in lockstep, no tail
+        // of blocks that all finish their last row together); layernorm.cu's next-row prefetch measured
+        // slower here.
         const int blocks = std::max(1, ceil_div(rows, threads / TPR));
         forward_kernel<T, VEC, NV, TPR, Map>
             <<<blocks, threads, 0, stream>>>(x, gamma, beta, y, mean, rstd, rows, L, eps, map);

@@ -1,5 +1,6 @@
 // Host-side helpers for choosing a launch: the SM count, the vector width that the sizes and the
-// pointers allow, and programmatic dependent launches.
+// pointers allow, opting a kernel into more than 48 KB of shared memory, and programmatic dependent
+// launches.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -57,13 +58,12 @@ inline bool programmatic_launch_supported() {
 }
 
 // Launches `kernel` as a programmatic dependent of the kernel before it in the stream: its blocks
-// may be scheduled while that kernel's last blocks retire, which hides most of the launch gap
-// (H100, LayerNorm backward then its parameter-gradient kernel, fp16 8192 x 768: 25.7 -> 24.4 us;
-// results identical). Every block of `kernel` must call wait_for_prior_grid() (common.cuh) before
-// its first global memory access, read or write: that waits until the kernel before has finished
-// and its writes are visible, so what follows is ordered exactly as after an ordinary launch.
-// The runtime overlaps it only with a kernel; after other work (a copy, a memset) it waits as usual,
-// and where the device cannot, it is an ordinary launch.
+// may be scheduled while that kernel's last blocks retire, which hides most of the launch gap.
+// Every block of `kernel` must call wait_for_prior_grid() (common.cuh) before its first global
+// memory access, read or write: that waits until the kernel before has finished and its writes are
+// visible, so what follows is ordered exactly as after an ordinary launch. The runtime overlaps it
+// only with a kernel; after other work (a copy, a memset) it waits as usual, and where the device
+// cannot, it is an ordinary launch.
 template <class... Params, class... Args>
 void launch_after_prior(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
                         Args&&... args) {
@@ -78,6 +78,18 @@ void launch_after_prior(void (*kernel)(Params...), dim3 grid, dim3 block, size_t
   config.attrs = attribute;
   config.numAttrs = programmatic_launch_supported() ? 1 : 0;
   FUSEKIT_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+// Opts KERNEL into its dynamic shared memory (above the default 48 KB), once per kernel: a template
+// on the kernel itself, as instantiations of one kernel template share their function type.
+template <auto KERNEL>
+void allow_shared(size_t bytes) {
+  static const bool done = [bytes] {
+    FUSEKIT_CUDA_CHECK(
+        cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    return true;
+  }();
+  (void)done;
 }
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

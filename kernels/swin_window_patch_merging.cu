@@ -1,11 +1,13 @@
-// Swin's PatchMerging before its reduction Linear: the 2x2 gather and the LayerNorm over 4C,
-// forward and backward (see swin_window.h for the order and the layouts).
+// The swin_window operator's patch merging half (declared in swin_window.h): Swin's PatchMerging
+// before its reduction Linear, the 2x2 gather and the LayerNorm over 4C, forward and backward, and
+// the gathered_layernorm instantiations they need. It is a translation unit of its own, apart from
+// swin_window.cu, only so that the two sets of LayerNorm instantiations compile in parallel.
 //
-// Design: a merged token's row of 4C is gathered straight from the four tokens of x (each read
-// whole, in 16-byte vectors where C allows) into the registers of its row group; the concatenation
-// is never written. The backward scatters dx to the same four tokens. A separate file from
-// swin_window.cu only so that the two sets of LayerNorm instantiations compile in parallel.
-#include "kernels/gathered_layernorm.cuh"
+// A merged token's row of 4C is gathered straight from the four tokens of x (each read whole, in
+// 16-byte vectors where C allows) into the registers of its row group; the concatenation is never
+// written. The backward scatters dx to the same four tokens.
+#include "kernels/detail/dispatch.h"
+#include "kernels/detail/gathered_layernorm.cuh"
 #include "kernels/swin_window.h"
 
 #include <climits>
@@ -63,13 +65,14 @@ void patch_merging_forward(DType dtype, const void* x, const void* gamma, const 
                            float* rstd, const PatchShape& shape, float eps, cudaStream_t stream) {
   check_patch_shape(shape);
   const PatchMap map{shape.height, shape.width, shape.channels};
-  FUSEKIT_DTYPE_SWITCH(dtype, {
+  dispatch_dtype(dtype, kPatch, [&](auto type) {
+    using T = typename decltype(type)::type;
     const T *xt = static_cast<const T*>(x), *g = static_cast<const T*>(gamma), *b = static_cast<const T*>(beta);
     T* out = static_cast<T*>(y);
     const int vec = vector_width<T>(shape.channels, {xt, g, b, out});  // vectors within one token
     gathered_layernorm::forward<T>(kPatch, xt, g, b, out, mean, rstd, merged_rows(shape), 4 * shape.channels, vec, eps,
                                    map, stream);
-  })
+  });
 }
 
 size_t patch_merging_backward_workspace_bytes(const PatchShape& shape) {
@@ -82,14 +85,15 @@ void patch_merging_backward(DType dtype, const void* dy, const void* x, const vo
                             void* workspace, cudaStream_t stream) {
   check_patch_shape(shape);
   const PatchMap map{shape.height, shape.width, shape.channels};
-  FUSEKIT_DTYPE_SWITCH(dtype, {
+  dispatch_dtype(dtype, kPatch, [&](auto type) {
+    using T = typename decltype(type)::type;
     const T *dyt = static_cast<const T*>(dy), *xt = static_cast<const T*>(x), *g = static_cast<const T*>(gamma);
     T* dxt = static_cast<T*>(dx);
     const int vec = vector_width<T>(shape.channels, {dyt, xt, g, dxt});
     gathered_layernorm::backward<T>(kPatch, dyt, xt, g, mean, rstd, dxt, static_cast<T*>(dgamma),
                                     static_cast<T*>(dbeta), merged_rows(shape), 4 * shape.channels, vec, map,
                                     static_cast<float*>(workspace), stream);
-  })
+  });
 }
 
 }  // namespace fusekit::kernels

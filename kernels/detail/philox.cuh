@@ -18,7 +18,7 @@
 
 #include <cstdint>
 
-#include "kernels/fast_divide.h"  // multiply_high32, FUSEKIT_HOST_DEVICE
+#include "kernels/detail/fast_divide.h"  // multiply_high32, FUSEKIT_HOST_DEVICE
 
 namespace fusekit::kernels {
 
