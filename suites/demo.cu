@@ -110,9 +110,9 @@ std::vector<Case> DemoSuite::cases() {
   info.flops = 2.0 * static_cast<double>(elements_);
   std::vector<Case> out;
   info.variant = "baseline";
-  out.push_back({info, [this](cudaStream_t stream, int rep) { run_baseline(stream, rep); }});
+  out.push_back({info, [this](cudaStream_t stream, int rep) { run_baseline(stream, rep); }, {}, {}});
   info.variant = "fused";
-  out.push_back({info, [this](cudaStream_t stream, int rep) { run_fused(stream, rep); }});
+  out.push_back({info, [this](cudaStream_t stream, int rep) { run_fused(stream, rep); }, {}, {}});
   return out;
 }
 

@@ -57,7 +57,9 @@ TEST_P(WindowShapes, PartitionThenMergeIsIdentityPlusResidual) {
   const std::vector<double> y = reference::window_merge_forward(reference::roll_partition(x, s), shortcut, s);
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(y[i], x[i] + shortcut[i]) << "element " << i;
   // And the partition is not the identity itself (with a shift or more than one window).
-  if (s.shift != 0 || s.height != s.window || s.width != s.window) EXPECT_NE(reference::roll_partition(x, s), x);
+  if (s.shift != 0 || s.height != s.window || s.width != s.window) {
+    EXPECT_NE(reference::roll_partition(x, s), x);
+  }
 }
 
 TEST_P(WindowShapes, PartitionLayerNormsEachWindowToken) {

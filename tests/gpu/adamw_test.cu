@@ -292,7 +292,7 @@ TrainerReference initialize(AdamWTrainer& trainer, const std::vector<size_t>& at
   std::normal_distribution<double> normal(0.0, 1.0);
   const size_t n = at.size();
   TrainerReference ref{trainer.dtype(),        trainer.master_weights(), std::vector<double>(n), {},
-                       std::vector<double>(n), std::vector<double>(n),   std::vector<double>(n)};
+                       std::vector<double>(n), std::vector<double>(n),   std::vector<double>(n), {}};
   std::vector<double> flat(trainer.flat_elements(), 0.0);
   for (size_t e = 0; e < n; ++e) flat[at[e]] = ref.p[e] = round_to(0.05 * normal(rng), trainer.dtype());
   ref.master_p = ref.p;

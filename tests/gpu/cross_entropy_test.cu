@@ -225,7 +225,7 @@ TEST_P(CrossEntropyCasesTest, RowsOffSixteenByteBoundaries) {
   FUSEKIT_REQUIRE_GPU();
   const DType dtype = GetParam();
   for (const Shape shape : {Shape{50, 1000}, Shape{7, 30522}}) {
-    for (const auto [logits_shift, dlogits_shift] : {std::pair{1, 1}, std::pair{3, 0}, std::pair{0, 1}}) {
+    for (const auto& [logits_shift, dlogits_shift] : {std::pair{1, 1}, std::pair{3, 0}, std::pair{0, 1}}) {
       std::mt19937_64 rng(std::random_device{}());
       Inputs in = random_inputs(shape, rng);
       const double dloss = random_dloss(in.labels, rng);

@@ -248,7 +248,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(EmbeddingLayerNormRepeatedIds, WordGradientIsSummedInFloat) {
   FUSEKIT_REQUIRE_GPU();
   std::mt19937_64 rng(std::random_device{}());
-  for (const auto [hidden, counted] : {std::pair{64, false}, {768, false}, {768, true}}) {
+  for (const auto& [hidden, counted] : {std::pair{64, false}, {768, false}, {768, true}}) {
     // A warp a row (unsorted backward), the sorted backward (the ids counted by it or by the forward).
     SCOPED_TRACE("hidden " + std::to_string(hidden) + (counted ? ", counted by the forward" : ""));
     const Shape shape{8192, hidden, 4, 128, 2};
@@ -275,7 +275,7 @@ TEST(EmbeddingLayerNormRepeatedIds, WordGradientIsSummedInFloat) {
 TEST(EmbeddingLayerNormCounted, BackwardsRepeatedOnOneForward) {
   FUSEKIT_REQUIRE_GPU();
   std::mt19937_64 rng(std::random_device{}());
-  for (const auto [dtype, hidden] : {std::pair{DType::f16, 768}, {DType::f32, 768}, {DType::bf16, 1024}}) {
+  for (const auto& [dtype, hidden] : {std::pair{DType::f16, 768}, {DType::f32, 768}, {DType::bf16, 1024}}) {
     // The split row kernel (16-bit types) and the block one (fp32).
     SCOPED_TRACE(std::string(dtype_name(dtype)) + ", hidden " + std::to_string(hidden));
     const Shape shape{3000, hidden, 50, 64, 2};
@@ -289,7 +289,7 @@ TEST(EmbeddingLayerNormCounted, BackwardsRepeatedOnOneForward) {
 TEST(EmbeddingLayerNormIdsOutOfRange, GiveNaNRowsAndNoGradient) {
   FUSEKIT_REQUIRE_GPU();
   std::mt19937_64 rng(std::random_device{}());
-  for (const auto [hidden, counted] : {std::pair{768, false}, {12288, false}, {768, true}, {12288, true}}) {
+  for (const auto& [hidden, counted] : {std::pair{768, false}, {12288, false}, {768, true}, {12288, true}}) {
     // The register and the looping kernels; the ids counted by the backward or by the forward.
     SCOPED_TRACE("hidden " + std::to_string(hidden) + (counted ? ", counted by the forward" : ""));
     const Shape shape{40, hidden, 100, 16, 2};
