@@ -1,9 +1,10 @@
 // The layer-wise top-k selection against its host references on fresh random inputs, outputs
-// poisoned first: layers of odd sizes, of one element, unaligned offsets, and scales from 1e-6 to
-// 1e3 (a global threshold would starve the small ones). Per layer: the selected set is exactly
-// {|x| >= t} for the threshold the kernel reports and, up to ties at t, the exact top count; the
-// count lies in [ceil(0.8 k), floor(1.25 k)]; pairs come in increasing index order; and
-// sent + residual == gradient + old residual exactly, over two steps of error feedback.
+// poisoned first: layers of odd sizes, of one element, unaligned offsets, scales from 1e-6 to 1e3
+// (a global threshold would starve the small ones), and a layer of more than 256 tiles. Per layer:
+// the selected set is exactly {|x| >= t} for the threshold the kernel reports and, up to ties at
+// t, the exact top count; the count lies in [ceil(0.8 k), floor(1.25 k)]; pairs come in increasing
+// index order; and sent + residual == gradient + old residual exactly, over two steps of error
+// feedback.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -44,8 +45,9 @@ class TopkSelectionTest : public testing::TestWithParam<Case> {};
 TEST_P(TopkSelectionTest, MatchesReferences) {
   FUSEKIT_REQUIRE_GPU();
   const Case c = GetParam();
-  const std::vector<int64_t> sizes = {1, 7, 1000, 4097, 65537, 300001, 33, 8192, 8193, 2};
-  const std::vector<double> scales = {1e-3, 1.0, 1e-6, 1e3, 0.1, 1e-2, 5.0, 1e-4, 1e2, 1.0};
+  // 2,100,001 elements: 257 tiles, more than one block-wide step of the scan over a layer's tiles.
+  const std::vector<int64_t> sizes = {1, 7, 1000, 4097, 65537, 300001, 33, 8192, 8193, 2, 2100001};
+  const std::vector<double> scales = {1e-3, 1.0, 1e-6, 1e3, 0.1, 1e-2, 5.0, 1e-4, 1e2, 1.0, 3e-5};
   std::vector<LayerSpan> layers;
   int64_t elements = 0;
   for (int64_t size : sizes) {
