@@ -16,6 +16,7 @@
 // layer's offset and the pointers allow it; else scalar loads of the same elements), contiguous
 // across a warp. Candidate thresholds are compared as float bit patterns.
 #include "dp/topk_selection.h"
+#include "dp/topk_threshold.h"
 #include "kernels/common.cuh"
 
 #include <algorithm>
@@ -31,10 +32,8 @@ using kernels::Vec;
 
 constexpr int kThreads = 256;
 constexpr int kSampleThreads = 512;
-constexpr int kGroup = 4;                   // consecutive elements per thread per step
-constexpr uint32_t kNothing = 0xFFFFFFFFu;  // a threshold above every magnitude: selects nothing
-constexpr uint32_t kInfinityBits = 0x7F800000u;
-constexpr uint32_t kHalfOctave = 1u << 22;  // in float bits: half of an exponent step
+constexpr int kGroup = 4;  // consecutive elements per thread per step
+static_assert(kSelectionCandidates == kThresholdCandidates, "one count per candidate");
 static_assert(kSelectionTile % (kThreads * kGroup) == 0, "a tile is whole steps");
 
 struct LayerDescriptor {
@@ -42,21 +41,6 @@ struct LayerDescriptor {
   int first_tile, tiles;
 };
 
-struct LayerState {
-  int64_t k, low, cap;
-  uint32_t candidates[kSelectionCandidates];
-  unsigned long long counts[kSelectionCandidates];
-  uint32_t too_many_bits;  // largest candidate seen with count > cap (valid if has_too_many)
-  uint32_t too_few_bits;   // smallest candidate seen with count < low (kNothing at first)
-  uint32_t best_bits;      // the candidate with the largest count <= cap seen so far
-  int has_too_many;
-  long long best_count;
-  int done, chosen, passes;
-  uint32_t threshold_bits;
-  long long count;
-};
-
-__device__ __forceinline__ uint32_t magnitude_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
 __host__ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
@@ -124,7 +108,7 @@ __device__ __forceinline__ int load_group(const T* __restrict__ gradient, float*
 template <class T>
 __global__ void __launch_bounds__(kSampleThreads)
     selection_sample_kernel(const T* __restrict__ gradient, const float* __restrict__ residual,
-                            const LayerDescriptor* __restrict__ layers, LayerState* __restrict__ states,
+                            const LayerDescriptor* __restrict__ layers, ThresholdSearch* __restrict__ states,
                             double density) {
   constexpr int N = kSelectionSampleSize;
   __shared__ float sample[N];
@@ -157,28 +141,9 @@ __global__ void __launch_bounds__(kSampleThreads)
     }
   }
   if (threadIdx.x != 0) return;
-  LayerState& s = states[blockIdx.x];
-  s.k = min64(max64(static_cast<int64_t>(ceil(density * static_cast<double>(n))), 1), n);
-  s.low = s.k - s.k / 5;
-  s.cap = s.k + s.k / 4;
   const int sample_k =
       static_cast<int>(min64(max64(static_cast<int64_t>(ceil(density * static_cast<double>(m))), 1), m));
-  const float estimate = sample[N - sample_k];  // the sample's sample_k-th largest
-  for (int j = 0; j < kSelectionCandidates - 1; ++j) {
-    s.candidates[j] = magnitude_bits(estimate * exp2f(0.125f * static_cast<float>(j - 7)));
-  }
-  s.candidates[kSelectionCandidates - 1] = kNothing;
-  for (int j = 0; j < kSelectionCandidates; ++j) s.counts[j] = 0;
-  s.too_many_bits = 0;
-  s.has_too_many = 0;
-  s.too_few_bits = kNothing;
-  s.best_bits = kNothing;
-  s.best_count = -1;
-  s.done = 0;
-  s.chosen = kSelectionCandidates - 1;
-  s.passes = 0;
-  s.threshold_bits = kNothing;
-  s.count = 0;
+  threshold_search_start(states[blockIdx.x], n, density, sample[N - sample_k]);  // the sample's sample_k-th largest
 }
 
 // One block per tile: counts of |x| >= each candidate, per tile and added to the layer's.
@@ -186,7 +151,7 @@ template <class T, bool kAccumulate>
 __global__ void __launch_bounds__(kThreads)
     selection_count_kernel(const T* __restrict__ gradient, float* __restrict__ residual,
                            const LayerDescriptor* __restrict__ layers, const int* __restrict__ tile_layers,
-                           LayerState* __restrict__ states, unsigned* __restrict__ tile_counts, bool aligned) {
+                           ThresholdSearch* __restrict__ states, unsigned* __restrict__ tile_counts, bool aligned) {
   const int l = tile_layers[blockIdx.x];
   if (!kAccumulate && states[l].done) return;
   const LayerDescriptor layer = layers[l];
@@ -208,7 +173,7 @@ __global__ void __launch_bounds__(kThreads)
     float x[kGroup];
     const int valid = load_group<T, kAccumulate>(g, r, i, end, vectorized, x);
     for (int e = 0; e < valid; ++e) {
-      const uint32_t bits = magnitude_bits(x[e]);
+      const uint32_t bits = magnitude_bits_of(x[e]);
 #pragma unroll
       for (int j = 0; j < kSelectionCandidates; ++j) counts[j] += bits >= c[j] ? 1u : 0u;
     }
@@ -231,64 +196,15 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // One thread per layer after each counting pass: accept a candidate, or place the next ones.
-__global__ void selection_decide_kernel(LayerState* __restrict__ states, int layer_count, int pass, bool last) {
+__global__ void selection_decide_kernel(ThresholdSearch* __restrict__ states, int layer_count, int pass, bool last) {
   const int l = blockIdx.x * blockDim.x + threadIdx.x;
   if (l >= layer_count) return;
-  LayerState& s = states[l];
-  if (s.done) return;
-  s.passes = pass + 1;
-  int pick = -1;
-  long long pick_distance = 0;
-  for (int j = 0; j < kSelectionCandidates; ++j) {
-    const long long c = static_cast<long long>(s.counts[j]);
-    const uint32_t b = s.candidates[j];
-    if (c >= s.low && c <= s.cap) {
-      const long long distance = c > s.k ? c - s.k : s.k - c;
-      if (pick < 0 || distance < pick_distance) pick = j, pick_distance = distance;
-    }
-    if (c > s.cap) {
-      if (!s.has_too_many || b > s.too_many_bits) s.too_many_bits = b;
-      s.has_too_many = 1;
-    } else {
-      if (c > s.best_count) s.best_bits = b, s.best_count = c;
-      if (c < s.low && b < s.too_few_bits) s.too_few_bits = b;
-    }
-  }
-  if (pick < 0 && last) {
-    // Out of passes: the largest count <= cap of this pass (the best so far is one of its candidates).
-    for (int j = 0; j < kSelectionCandidates; ++j) {
-      const long long c = static_cast<long long>(s.counts[j]);
-      if (c <= s.cap && (pick < 0 || c > static_cast<long long>(s.counts[pick]))) pick = j;
-    }
-  }
-  if (pick >= 0) {
-    s.chosen = pick;
-    s.threshold_bits = s.candidates[pick];
-    s.count = static_cast<long long>(s.counts[pick]);
-    s.done = 1;
-    return;
-  }
-  for (int j = 0; j < kSelectionCandidates - 1; ++j) {
-    uint32_t b;
-    if (s.has_too_many && s.too_few_bits < kInfinityBits) {  // inside the bracket
-      const uint64_t span = s.too_few_bits - s.too_many_bits;
-      b = s.too_many_bits + static_cast<uint32_t>(span * static_cast<uint64_t>(j + 1) / kSelectionCandidates);
-    } else if (s.has_too_many) {  // every candidate too many: half octaves up
-      const uint64_t up = s.too_many_bits + static_cast<uint64_t>(j + 1) * kHalfOctave;
-      b = up < kInfinityBits ? static_cast<uint32_t>(up) : kInfinityBits;
-    } else {  // every candidate too few: half octaves down
-      const uint64_t step = static_cast<uint64_t>(j + 1) * kHalfOctave;
-      b = s.too_few_bits > step ? static_cast<uint32_t>(s.too_few_bits - step) : 0u;
-    }
-    s.candidates[j] = b;
-  }
-  s.candidates[kSelectionCandidates - 1] = s.best_bits;
-  for (int j = 0; j < kSelectionCandidates; ++j) s.counts[j] = 0;
+  threshold_search_step(states[l], pass, last);
 }
 
 // One block per layer: each tile's output offset, the exclusive scan of its chosen count.
 __global__ void __launch_bounds__(kThreads)
-    selection_scan_kernel(const LayerDescriptor* __restrict__ layers, const LayerState* __restrict__ states,
+    selection_scan_kernel(const LayerDescriptor* __restrict__ layers, const ThresholdSearch* __restrict__ states,
                           const unsigned* __restrict__ tile_counts, unsigned* __restrict__ tile_offsets) {
   __shared__ unsigned warp_totals[kernels::kWarpSize];
   const LayerDescriptor layer = layers[blockIdx.x];
@@ -308,13 +224,13 @@ __global__ void __launch_bounds__(kThreads)
 // One block per tile: the selected pairs in index order; sent entries leave the residual.
 __global__ void __launch_bounds__(kThreads)
     selection_compact_kernel(float* __restrict__ residual, const LayerDescriptor* __restrict__ layers,
-                             const int* __restrict__ tile_layers, const LayerState* __restrict__ states,
+                             const int* __restrict__ tile_layers, const ThresholdSearch* __restrict__ states,
                              const unsigned* __restrict__ tile_offsets, int32_t* __restrict__ out_indices,
                              float* __restrict__ out_values, bool aligned) {
   __shared__ unsigned warp_totals[kernels::kWarpSize];
   const int l = tile_layers[blockIdx.x];
   const uint32_t threshold = states[l].threshold_bits;
-  if (threshold == kNothing) return;
+  if (threshold == kThresholdNothing) return;
   const LayerDescriptor layer = layers[l];
   const int64_t start = static_cast<int64_t>(blockIdx.x - layer.first_tile) * kSelectionTile;
   const int64_t end = min64(start + kSelectionTile, layer.size);
@@ -327,7 +243,7 @@ __global__ void __launch_bounds__(kThreads)
     float x[kGroup];
     const int valid = load_group<float, false>(nullptr, r, i, end, vectorized, x);
     unsigned flags = 0;
-    for (int e = 0; e < valid; ++e) flags |= (magnitude_bits(x[e]) >= threshold ? 1u : 0u) << e;
+    for (int e = 0; e < valid; ++e) flags |= (magnitude_bits_of(x[e]) >= threshold ? 1u : 0u) << e;
     unsigned total;
     const unsigned before = block_exclusive_scan(__popc(flags), warp_totals, total);
     int64_t out = next + before;
@@ -368,13 +284,13 @@ TopkSelection::TopkSelection(std::vector<LayerSpan> layers, double max_density)
   }
   tiles_ = static_cast<int>(tile_layers.size());
   FUSEKIT_CUDA_CHECK(cudaMalloc(&layer_table_, table.size() * sizeof(LayerDescriptor)));
-  FUSEKIT_CUDA_CHECK(cudaMalloc(&states_, layers_.size() * sizeof(LayerState)));
+  FUSEKIT_CUDA_CHECK(cudaMalloc(&states_, layers_.size() * sizeof(ThresholdSearch)));
   FUSEKIT_CUDA_CHECK(cudaMalloc(&tile_layers_, tile_layers.size() * sizeof(int)));
   FUSEKIT_CUDA_CHECK(cudaMalloc(&tile_counts_, tile_layers.size() * kSelectionCandidates * sizeof(unsigned)));
   FUSEKIT_CUDA_CHECK(cudaMalloc(&tile_offsets_, tile_layers.size() * sizeof(unsigned)));
   FUSEKIT_CUDA_CHECK(cudaMalloc(&indices_, std::max<int64_t>(output_capacity_, 1) * sizeof(int32_t)));
   FUSEKIT_CUDA_CHECK(cudaMalloc(&values_, std::max<int64_t>(output_capacity_, 1) * sizeof(float)));
-  FUSEKIT_CUDA_CHECK(cudaMemset(states_, 0, layers_.size() * sizeof(LayerState)));
+  FUSEKIT_CUDA_CHECK(cudaMemset(states_, 0, layers_.size() * sizeof(ThresholdSearch)));
   FUSEKIT_CUDA_CHECK(
       cudaMemcpy(layer_table_, table.data(), table.size() * sizeof(LayerDescriptor), cudaMemcpyHostToDevice));
   FUSEKIT_CUDA_CHECK(
@@ -397,7 +313,7 @@ void TopkSelection::select(const void* gradient, kernels::DType dtype, float* re
     throw std::invalid_argument("top-k selection: density " + std::to_string(density) + " outside (0, " +
                                 std::to_string(max_density_) + "]");
   const auto* layers = static_cast<const LayerDescriptor*>(layer_table_);
-  auto* states = static_cast<LayerState*>(states_);
+  auto* states = static_cast<ThresholdSearch*>(states_);
   const int layer_count = static_cast<int>(layers_.size());
   const bool aligned = kernels::aligned16(gradient) && kernels::aligned16(residual);
   const int decide_blocks = kernels::ceil_div(layer_count, kThreads);
@@ -427,9 +343,9 @@ void TopkSelection::select(const void* gradient, kernels::DType dtype, float* re
 }
 
 std::vector<LayerSelectionResult> TopkSelection::results(cudaStream_t stream) const {
-  std::vector<LayerState> states(layers_.size());
+  std::vector<ThresholdSearch> states(layers_.size());
   FUSEKIT_CUDA_CHECK(
-      cudaMemcpyAsync(states.data(), states_, states.size() * sizeof(LayerState), cudaMemcpyDeviceToHost, stream));
+      cudaMemcpyAsync(states.data(), states_, states.size() * sizeof(ThresholdSearch), cudaMemcpyDeviceToHost, stream));
   FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
   std::vector<LayerSelectionResult> out;
   for (size_t l = 0; l < states.size(); ++l) {
@@ -439,7 +355,7 @@ std::vector<LayerSelectionResult> TopkSelection::results(cudaStream_t stream) co
     const uint32_t bits = states[l].threshold_bits;
     float threshold;
     std::memcpy(&threshold, &bits, sizeof threshold);
-    result.threshold = bits == kNothing ? INFINITY : threshold;
+    result.threshold = bits == kThresholdNothing ? INFINITY : threshold;
     result.passes = states[l].passes;
     result.output_offset = output_offsets_[l];
     out.push_back(result);

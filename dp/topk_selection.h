@@ -18,13 +18,14 @@
 // counts |x| >= t for 16 candidate thresholds at once (a compare per candidate per element,
 // counts in registers, no atomics per element), and a one-thread-per-layer step picks the
 // candidate whose count is nearest k within [low, cap], or places the next 16 inside the bracket
-// found (or half-octave steps beyond it). The first pass also performs residual += gradient, so
-// a layer whose estimate was good costs one read of the gradient and one read and write of the
-// residual; the refinement is bounded at 4 counting passes. The documented tolerance: every count
-// is <= cap (the outputs never overflow), and is >= low unless 4 passes did not find such a
-// threshold (ties: many equal magnitudes straddling the k-th), in which case the largest count
-// <= cap that was seen is taken. Magnitudes compare as float bit patterns, which order
-// non-negative floats as their values do; gradients are assumed finite.
+// found, or in half-octave steps beyond it (dp/topk_threshold.h, which a CPU test runs too). The
+// first pass also performs residual += gradient, so a layer whose estimate was good costs one read
+// of the gradient and one read and write of the residual; the refinement is bounded at 4 counting
+// passes. The documented tolerance: every count is <= cap (the outputs never overflow), and is
+// >= low unless 4 passes did not find such a threshold (ties: many equal magnitudes straddling
+// the k-th), in which case the largest count <= cap that was seen is taken. Magnitudes compare as
+// float bit patterns, which order non-negative floats as their values do; gradients are assumed
+// finite.
 //
 // Compaction is stable: each pass's per-tile counts (tiles of 8192 elements, one block each)
 // are kept, an exclusive scan over the tiles of each layer gives every tile's output offset, and a
