@@ -20,10 +20,12 @@
 //   *.mean, *.rstd [N]          float, each LayerNorm's statistics
 // The embeddings save their LayerNorm output and statistics; the word/position/type sum is
 // recomputed from the tables by the backward (kernels/embedding_layernorm.h).
-// The MLM head runs on the M masked rows only, gathered (M = batch x max_masked_per_sequence,
-// models/mlm_data.h): gathered [M, H], dense, gelu, layernorm [M, H], logits [M, vocab] (the
-// cross-entropy backward reads the logits and the log-sum-exp: kernels/cross_entropy.h), losses and
-// logsumexp [M] float, the mean loss and the count of rows.
+// The MLM head runs on the M masked rows only, gathered (M = batch x max_masked_per_sequence;
+// models/mlm_data.h's gathered_rows pads a batch's rows to M with ignored labels): gathered,
+// dense, gelu and layernorm [M, H], logits [M, vocab] (the cross-entropy backward reads the logits
+// and the log-sum-exp: kernels/cross_entropy.h), losses and logsumexp [M] float, the mean loss and
+// the count of rows.
+//
 // Recomputed, never stored: every dropout mask (regenerated from its Philox seed and offset by the
 // backward kernels), the attention scores and probabilities, the LayerNorm inputs h.
 //

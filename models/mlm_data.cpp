@@ -106,6 +106,17 @@ MlmBatch make_mlm_batch(const MlmDataOptions& o, uint64_t index) {
   return out;
 }
 
+GatheredRows gathered_rows(const MlmBatch& batch, int rows) {
+  if (rows < 0 || static_cast<size_t>(rows) < batch.masked_positions.size()) {
+    throw std::invalid_argument("mlm data: the batch has " + std::to_string(batch.masked_positions.size()) +
+                                " masked positions, more than the " + std::to_string(rows) + " rows planned");
+  }
+  GatheredRows out{batch.masked_positions, batch.masked_labels};
+  out.positions.resize(rows, 0);
+  out.labels.resize(rows, kIgnoreLabel);
+  return out;
+}
+
 void write_mlm_batches(const std::string& path, const MlmDataOptions& options, uint64_t first_index, int count) {
   const Resolved r = resolve(options);
   std::vector<MlmBatch> batches;

@@ -1,6 +1,7 @@
 // Synthetic masked-LM batches, deterministic from a seed, the same for every variant and for the
 // Python peers. The generator is specified here exactly, so that it can be written again in Python;
-// write_mlm_batch also stores batches as safetensors of int64 tensors for the peers to read.
+// write_mlm_batches also stores batches as safetensors of int64 tensors for the peers to read, and
+// scripts/peers/mlm_data.py is this generator in Python (a CPU test compares the two).
 //
 // Random numbers: SplitMix64. state += 0x9E3779B97F4A7C15; z = state;
 //   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9; z = (z ^ (z >> 27)) * 0x94D049BB133111EB; next = z ^ (z >> 31)
@@ -67,6 +68,17 @@ struct MlmBatch {
 // The most masked words a sequence of this length can have: max(1, round(0.15 * (sequence - 2)))
 // for the default probability (a sequence holds at most sequence - 2 words).
 int max_masked_per_sequence(int sequence, double mask_probability = 0.15);
+
+// The masked rows padded to a fixed count, for a step whose shapes do not change from batch to
+// batch (buffers planned once, a CUDA graph): the MLM head gathers `rows` rows, the batch's masked
+// positions and then position 0 again, and the padding rows get label -100, so the cross-entropy
+// ignores them (they count neither in the mean nor in any gradient). Throws std::invalid_argument
+// when the batch has more masked positions than `rows`.
+struct GatheredRows {
+  std::vector<int32_t> positions;  // [rows]: flat token indices b * sequence + s
+  std::vector<int64_t> labels;     // [rows]
+};
+GatheredRows gathered_rows(const MlmBatch& batch, int rows);
 
 // Batch number `index` of the stream (options.seed). Throws std::invalid_argument for bad options.
 MlmBatch make_mlm_batch(const MlmDataOptions& options, uint64_t index);

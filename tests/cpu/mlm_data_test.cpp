@@ -151,6 +151,27 @@ TEST(MlmData, MaskedRowBound) {
   }
 }
 
+TEST(MlmData, GatheredRowsPadToThePlannedCount) {
+  MlmDataOptions o;
+  o.batch = 4;
+  o.sequence = 128;
+  o.seed = 3;
+  const int rows = o.batch * max_masked_per_sequence(o.sequence);  // the memory plan's M
+  for (uint64_t k = 0; k < 20; ++k) {
+    const MlmBatch batch = make_mlm_batch(o, k);
+    const GatheredRows gathered = gathered_rows(batch, rows);
+    ASSERT_EQ(gathered.positions.size(), static_cast<size_t>(rows));
+    ASSERT_EQ(gathered.labels.size(), static_cast<size_t>(rows));
+    const size_t n = batch.masked_positions.size();
+    for (size_t i = 0; i < static_cast<size_t>(rows); ++i) {
+      EXPECT_EQ(gathered.positions[i], i < n ? batch.masked_positions[i] : 0);
+      EXPECT_EQ(gathered.labels[i], i < n ? batch.labels[batch.masked_positions[i]] : kIgnoreLabel);
+    }
+  }
+  const MlmBatch batch = make_mlm_batch(o, 0);
+  EXPECT_THROW(gathered_rows(batch, static_cast<int>(batch.masked_positions.size()) - 1), std::invalid_argument);
+}
+
 TEST(MlmData, RejectsBadOptions) {
   MlmDataOptions o;
   o.sequence = 2;
