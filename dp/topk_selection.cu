@@ -18,6 +18,7 @@
 #include "dp/topk_selection.h"
 #include "dp/topk_threshold.h"
 #include "kernels/common.cuh"
+#include "kernels/detail/dispatch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -317,7 +318,8 @@ void TopkSelection::select(const void* gradient, kernels::DType dtype, float* re
   const int layer_count = static_cast<int>(layers_.size());
   const bool aligned = kernels::aligned16(gradient) && kernels::aligned16(residual);
   const int decide_blocks = kernels::ceil_div(layer_count, kThreads);
-  FUSEKIT_DTYPE_SWITCH(dtype, {
+  kernels::dispatch_dtype(dtype, "top-k selection", [&](auto tag) {
+    using T = typename decltype(tag)::type;
     const T* g = static_cast<const T*>(gradient);
     selection_sample_kernel<T><<<layer_count, kSampleThreads, 0, stream>>>(g, residual, layers, states, density);
     FUSEKIT_CUDA_CHECK(cudaGetLastError());

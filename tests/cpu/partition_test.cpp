@@ -33,8 +33,11 @@ void check(const Partition& p, std::span<const uint64_t> loads, int ranks, bool 
     const double largest = static_cast<double>(*std::max_element(loads.begin(), loads.end()));
     EXPECT_GE(max_load, std::max(std::ceil(mean), largest));
     EXPECT_LE(max_load, mean + largest);
-    if (loads.size() >= static_cast<size_t>(ranks))
-      for (int r = 0; r < ranks; ++r) EXPECT_LT(p.edges[r], p.edges[r + 1]) << "slice " << r << " has no bins";
+    if (loads.size() >= static_cast<size_t>(ranks)) {
+      for (int r = 0; r < ranks; ++r) {
+        EXPECT_LT(p.edges[r], p.edges[r + 1]) << "slice " << r << " has no bins";
+      }
+    }
   }
 }
 
@@ -60,7 +63,9 @@ TEST(Partition, UniformSelectionsBalanceEitherWay) {
     EXPECT_LE(balanced.imbalance, 1.2);
     EXPECT_LE(equal.imbalance, 1.2);
     EXPECT_LE(balanced.imbalance, equal.imbalance + 1e-12);
-    if (ranks == 1) EXPECT_EQ(balanced.imbalance, 1.0);
+    if (ranks == 1) {
+      EXPECT_EQ(balanced.imbalance, 1.0);
+    }
   }
 }
 
@@ -94,9 +99,13 @@ TEST(Partition, SingleHotBinBoundsTheImbalance) {
     check(p, loads, ranks, true);
     const double mean = static_cast<double>(p.total) / ranks;
     const double hot = static_cast<double>(loads[kBins / 3]);
-    if (ranks >= 4) EXPECT_DOUBLE_EQ(p.imbalance, hot / mean) << ranks;
+    if (ranks >= 4) {
+      EXPECT_DOUBLE_EQ(p.imbalance, hot / mean) << ranks;
+    }
     // Two ranks: the hot bin with the 1365 bins before it, against the 2730 after it.
-    if (ranks == 2) EXPECT_DOUBLE_EQ(p.imbalance, (hot + 10.0 * (kBins / 3)) / mean);
+    if (ranks == 2) {
+      EXPECT_DOUBLE_EQ(p.imbalance, (hot + 10.0 * (kBins / 3)) / mean);
+    }
     EXPECT_GE(p.imbalance, hot / mean);
     EXPECT_GT(p.imbalance, 1.2);
   }

@@ -107,7 +107,9 @@ void round_trip(const Selection& s, Encoding form, WireValue type) {
   ASSERT_EQ(bytes, buffer.size());
   ASSERT_EQ(bytes, kLayerHeaderBytes + payload) << encoding_name(form);
   ASSERT_LE(payload, payload_bytes_bound(form, s.n, s.indices.size()));
-  if (form != Encoding::delta_varint) ASSERT_EQ(payload, payload_bytes_bound(form, s.n, s.indices.size()));
+  if (form != Encoding::delta_varint) {
+    ASSERT_EQ(payload, payload_bytes_bound(form, s.n, s.indices.size()));
+  }
   const std::vector<DecodedLayer> layers = decode_layers(buffer);
   ASSERT_EQ(layers.size(), 1u);
   EXPECT_EQ(layers[0].form, form);

@@ -69,7 +69,9 @@ TEST(TopkThreshold, ContinuousLayersMeetTheTolerance) {
         EXPECT_GE(s.count, selection_low(s.k));
         EXPECT_LE(s.count, selection_cap(s.k));
         EXPECT_LE(s.passes, kSelectionPasses);
-        if (n <= kSelectionSampleSize) EXPECT_EQ(s.passes, 1);  // the sample is the layer: exact
+        if (n <= kSelectionSampleSize) {  // the sample is the layer: exact
+          EXPECT_EQ(s.passes, 1);
+        }
         ++layers;
         first_pass += s.passes == 1;
       }
