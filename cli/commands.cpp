@@ -30,6 +30,16 @@ namespace {
 
 using store::Store;
 
+// The run's range names for an error line: the first few, and how many more.
+std::string range_names(const std::vector<profiler::RangeStats>& ranges) {
+  if (ranges.empty()) return "it has no NVTX ranges";
+  constexpr size_t kShown = 8;
+  std::string names = "its ranges: ";
+  for (size_t i = 0; i < std::min(ranges.size(), kShown); ++i) names += (i ? ", '" : "'") + ranges[i].name + "'";
+  if (ranges.size() > kShown) names += " and " + std::to_string(ranges.size() - kShown) + " more";
+  return names;
+}
+
 struct OpenedRun {
   Store store;
   int64_t run;
@@ -150,6 +160,11 @@ int trace(const TraceOptions& o) {
   int exit_code = 0;
   try {
     exit_code = suites::run_recorded_command(o.db, run, o.command, o.flush_ms, true);
+  } catch (const suites::CommandNotStarted& e) {
+    // Nothing ran, so there is nothing to summarize: one line, and the shell's exit code for it.
+    store.finish_run(run, "failed", 127);
+    std::fprintf(stderr, "fusekit: %s\n", e.what());
+    return 127;
   } catch (...) {
     store.finish_run(run, "failed", 1);  // never leave a run marked running
     throw;
@@ -177,7 +192,15 @@ int summary(const SummaryOptions& o) {
   profiler::Trace trace = r.store.load_trace(r.run);
   profiler::Attribution attribution = profiler::attribute(trace);
   std::optional<std::string> only;
-  if (!o.range.empty()) only = o.range;
+  const auto ranges = profiler::summarize_ranges(trace, attribution);
+  if (!o.range.empty()) {
+    only = o.range;
+    // A name that matches no range would print an empty table: say so, with the names that exist.
+    if (std::none_of(ranges.begin(), ranges.end(), [&](const auto& r) { return r.name == o.range; })) {
+      throw std::runtime_error("run " + std::to_string(r.run) + " has no NVTX range named '" + o.range + "' (" +
+                               range_names(ranges) + ")");
+    }
+  }
   const auto kernels = profiler::summarize_kernels(trace, attribution, only, o.short_names);
   const auto totals = profiler::summarize_run(trace);
   std::cout << "run " << info.id << "  " << info.started_at << "  " << info.gpu_name << "  status " << info.status
@@ -185,9 +208,7 @@ int summary(const SummaryOptions& o) {
   std::cout << "command: " << info.command_line << "\n\n";
   std::cout << "CUDA GPU kernel summary" << (only ? " (inside ranges '" + *only + "')" : "") << ":\n\n";
   std::cout << reports::kernel_table_text(kernels, static_cast<size_t>(o.top)) << "\n";
-  std::cout << "NVTX range summary:\n\n"
-            << reports::range_table_text(profiler::summarize_ranges(trace, attribution), static_cast<size_t>(o.top))
-            << "\n";
+  std::cout << "NVTX range summary:\n\n" << reports::range_table_text(ranges, static_cast<size_t>(o.top)) << "\n";
   const auto cases = reports::load_case_results(r.store, r.run);
   if (!cases.empty()) std::cout << "Cases:\n\n" << reports::case_table_text(cases) << "\n";
   std::printf(
@@ -219,6 +240,12 @@ int compare(const CompareOptions& o) {
   OpenedRun b = open_run(o.b);
   const reports::RunReport report_b = reports::load_run_report(b.store, b.run);
   const auto rows = reports::compare_runs(report_a.cases, report_b.cases);
+  if (rows.empty() && !(report_a.cases.empty() && report_b.cases.empty())) {
+    // Two runs of timed cases that share none compare nothing: a kernel diff of them would only
+    // list every kernel as gone on one side and new on the other.
+    throw std::runtime_error("run " + std::to_string(a.run) + " of " + o.a.db + " and run " + std::to_string(b.run) +
+                             " of " + o.b.db + " have no case (name and variant) in common");
+  }
   const auto diff = reports::diff_kernels(report_a.kernels, report_b.kernels);
   if (!rows.empty())
     std::cout << (o.markdown ? reports::comparison_table_markdown(rows) : reports::comparison_table_text(rows)) << "\n";

@@ -58,10 +58,7 @@ int run_recorded_command(const std::string& db, int64_t run, const std::vector<s
   argv.push_back(nullptr);
   pid_t child = 0;
   const int rc = posix_spawnp(&child, argv[0], nullptr, nullptr, argv.data(), envp.data());
-  if (rc != 0) {
-    std::fprintf(stderr, "fusekit: cannot run '%s': %s\n", argv[0], std::strerror(rc));
-    return 127;
-  }
+  if (rc != 0) throw CommandNotStarted("cannot run '" + args.front() + "': " + std::strerror(rc));
   int status = 0;
   while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }

@@ -38,7 +38,7 @@ PY
 foreign_sum="$(sha256sum "$work/foreign.db")"
 
 expect 2 "subcommand" -- "$FUSEKIT"
-expect 2 "frobnicate|extra|subcommand" -- "$FUSEKIT" frobnicate
+expect 2 "unknown subcommand 'frobnicate' \\(available: bench, cases, trace" -- "$FUSEKIT" frobnicate
 expect 2 "db" -- "$FUSEKIT" summary
 for cmd in summary report export; do
   extra=()
@@ -98,7 +98,12 @@ expect 2 "unknown operator 'softmaxx' in --ops" -- "$FUSEKIT" cases --ops layern
 expect 2 "selects operators of --suite ops or attention" -- "$FUSEKIT" cases --op layernorm --shape 8x8 --dtype fp16 --ops layernorm
 expect 1 "SQLite file" -- "$FUSEKIT" cases --suite ops -o "$work/foreign.db"
 expect 2 "argument|bogus|extra" -- "$FUSEKIT" trace --db "$work/t.db" --bogus -- true
-expect 127 "cannot run" -- "$FUSEKIT" trace --db "$work/t.db" -- "$work/no-such-program"
+expect 127 "^fusekit: cannot run .*no-such-program.: No such file or directory$" -- "$FUSEKIT" trace --db "$work/t.db" -- "$work/no-such-program"
+lines="$(FUSEKIT_GIT_COMMIT=0000000000000000000000000000000000000000 "$FUSEKIT" trace --db "$work/t.db" -- "$work/no-such-program" 2>&1 >/dev/null | wc -l)"
+if [ "$lines" = 1 ]; then passed=$((passed + 1)); else
+  echo "FAIL: trace of a missing program: $lines lines on stderr (want 1)"
+  failures=$((failures + 1))
+fi
 expect 1 "schema version 99" -- "$FUSEKIT" trace --db "$work/v99.db" -- true
 # Without a GPU, bench says so in one line, exits 1 and creates no store (where a GPU is, it would run).
 if ! nvidia-smi -L >/dev/null 2>&1; then

@@ -61,5 +61,12 @@ check "gate wrote markdown" grep -q "|" "$work/gate.md"
 check_code 0 "gate: 30% slower passes a 40% threshold" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/slow.db" --threshold 40%
 check_code 0 "gate: improvement is not a regression" "$FUSEKIT" gate --baseline "$work/slow.db" --candidate "$work/a.db"
 check_code 1 "no such run" "$FUSEKIT" summary --db "$work/a.db" --run 7
+check_code 1 "summary of a range that does not exist" "$FUSEKIT" summary --db "$work/a.db" --range nope
+check "it names the range and those that exist" grep -q "no NVTX range named 'nope' (its ranges: 'step'" "$work/last.out"
+# Two runs of timed cases with none in common: an error, not a diff of every kernel.
+cp "$work/slow.db" "$work/other.db"
+python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute(\"UPDATE cases SET name='demo/other/8/fp32'\"); c.commit()" "$work/other.db"
+check_code 1 "compare of runs without a common case" "$FUSEKIT" compare --db "$work/a.db" --against "$work/other.db"
+check "it says they share no case" grep -q "have no case (name and variant) in common" "$work/last.out"
 echo "cli_smoke: $passed passed, $failures failed"
 [ "$failures" = 0 ]
