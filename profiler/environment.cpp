@@ -84,6 +84,12 @@ std::string kernel_driver_version() {
 std::string gpu_unavailable_reason() {
   int count = 0;
   cudaError_t status = cudaGetDeviceCount(&count);
+  int driver = 0;
+  // Without an NVIDIA driver the runtime reports "driver version is insufficient", which reads as if
+  // an upgrade would help: a machine with no driver (version 0) is said to have none.
+  if (status == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0) {
+    return "no NVIDIA driver is loaded on this machine";
+  }
   if (status != cudaSuccess) return cudaGetErrorString(status);
   if (count == 0) return "no CUDA-capable device is detected";
   return "";

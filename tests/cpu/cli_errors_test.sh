@@ -108,6 +108,9 @@ expect 1 "schema version 99" -- "$FUSEKIT" trace --db "$work/v99.db" -- true
 # Without a GPU, bench says so in one line, exits 1 and creates no store (where a GPU is, it would run).
 if ! nvidia-smi -L >/dev/null 2>&1; then
   expect 1 "^fusekit: no GPU: " -- "$FUSEKIT" bench --db "$work/nogpu.db"
+  # Without a driver at all, it says that, not CUDA's "driver version is insufficient".
+  [ -e /proc/driver/nvidia/version ] ||
+    expect 1 "^fusekit: no GPU: no NVIDIA driver is loaded on this machine$" -- "$FUSEKIT" bench --db "$work/nogpu.db"
   lines="$("$FUSEKIT" bench --db "$work/nogpu.db" 2>&1 >/dev/null | wc -l)"
   if [ "$lines" != 1 ] || [ -e "$work/nogpu.db" ]; then
     echo "FAIL: bench without a GPU: $lines lines on stderr (want 1), store created: $([ -e "$work/nogpu.db" ] && echo yes || echo no)"
