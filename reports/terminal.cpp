@@ -54,15 +54,28 @@ std::string kernel_table_text(const std::vector<profiler::KernelStats>& kernels,
 
 std::string range_table_text(const std::vector<profiler::RangeStats>& ranges, size_t top) {
   std::vector<std::vector<std::string>> rows = {
-      {"Wall (us)", "GPU busy (us)", "Idle (%)", "Instances", "Kernels", "Name"}};
+      {"Wall (us)", "GPU extent (us)", "GPU busy (us)", "Idle (%)", "Instances", "Kernels", "Name"}};
   for (size_t i = 0; i < ranges.size() && i < top; ++i) {
     const auto& r = ranges[i];
-    rows.push_back({format_fixed(r.wall_ns / 1e3, 1), format_fixed(r.busy_ns / 1e3, 1),
-                    format_fixed(100 * r.idle_fraction, 1), std::to_string(r.instances), std::to_string(r.kernels),
-                    r.name});
+    rows.push_back({format_fixed(r.wall_ns / 1e3, 1), format_fixed(r.extent_ns / 1e3, 1),
+                    format_fixed(r.busy_ns / 1e3, 1), format_fixed(100 * r.idle_fraction, 1),
+                    std::to_string(r.instances), std::to_string(r.kernels), r.name});
   }
-  std::string out = aligned_table(rows, 5);
+  std::string out = aligned_table(rows, 6);
   if (ranges.size() > top) out += "(" + std::to_string(ranges.size() - top) + " more ranges)\n";
+  // Launches return before their kernels run, so a range's kernels can outlast it: busy time above
+  // wall time is expected, and the legend says so where it happens.
+  const bool outlasted =
+      std::any_of(ranges.begin(), ranges.begin() + static_cast<std::ptrdiff_t>(std::min(top, ranges.size())),
+                  [](const profiler::RangeStats& r) { return r.busy_ns > r.wall_ns; });
+  out +=
+      "Wall: push to pop on the CPU. GPU extent: push to the end of the range's last kernel. GPU busy: the union "
+      "of its kernels' intervals. Idle: 1 - busy / extent.\n";
+  if (outlasted) {
+    out +=
+        "GPU busy above wall: the kernels launched in the range ran on after it closed (launches are "
+        "asynchronous).\n";
+  }
   return out;
 }
 

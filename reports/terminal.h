@@ -12,7 +12,8 @@ namespace fusekit::reports {
 
 // Columns: Time (%), Total Time (ns), Instances, Avg (ns), Med (ns), Min (ns), Max (ns), StdDev (ns), Name.
 std::string kernel_table_text(const std::vector<profiler::KernelStats>& kernels, size_t top);
-// Columns: Wall (us), GPU busy (us), Idle (%), Instances, Kernels, Name.
+// Columns: Wall (us), GPU extent (us), GPU busy (us), Idle (%), Instances, Kernels, Name, and a
+// legend of the time columns (with a line on busy time above wall time where a range shows it).
 std::string range_table_text(const std::vector<profiler::RangeStats>& ranges, size_t top);
 // Columns: Median (us), Q1, Q3, Samples, Speedup, GB/s, % of copy ceiling, Variant, Case.
 std::string case_table_text(const std::vector<CaseResult>& cases);

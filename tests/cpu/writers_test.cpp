@@ -18,6 +18,7 @@
 #include "reports/html.h"
 #include "reports/json.h"
 #include "reports/markdown.h"
+#include "reports/terminal.h"
 
 namespace fusekit::reports {
 namespace {
@@ -433,6 +434,28 @@ size_t cell_count(const std::string& line) {
       ++pipes;
   }
   return pipes - 1;
+}
+
+// The terminal's range table: every time column, a legend, and the line that explains busy time
+// above wall time only where a range shows it (kernels run on after an asynchronous launch returns).
+TEST(RangeTableText, ExplainsBusyAboveWall) {
+  profiler::RangeStats outlasted;
+  outlasted.name = "rep";
+  outlasted.instances = 10;
+  outlasted.wall_ns = 164100;
+  outlasted.extent_ns = 2425900;
+  outlasted.busy_ns = 821100;
+  outlasted.idle_fraction = 1.0 - 821100.0 / 2425900.0;
+  const std::string text = range_table_text({outlasted}, 10);
+  EXPECT_NE(text.find("GPU extent (us)"), std::string::npos) << text;
+  EXPECT_NE(text.find("2425.9"), std::string::npos) << text;
+  EXPECT_NE(text.find("Idle: 1 - busy / extent"), std::string::npos) << text;
+  EXPECT_NE(text.find("GPU busy above wall"), std::string::npos) << text;
+
+  profiler::RangeStats inside = outlasted;
+  inside.busy_ns = 100000;
+  inside.extent_ns = 164100;
+  EXPECT_EQ(range_table_text({inside}, 10).find("GPU busy above wall"), std::string::npos);
 }
 
 TEST(Markdown, TablesHaveTheirRowsAndEscapedPipes) {
