@@ -213,7 +213,7 @@ std::string script_safe(std::string_view text) {
 
 std::string report_html(const RunReport& report) {
   const RunInfo& run = report.run;
-  const std::string title = "fusekit run " + std::to_string(run.id) + (run.label.empty() ? "" : ": " + run.label);
+  const std::string title = run_title(run);
   std::string out =
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
       "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'unsafe-inline'; "

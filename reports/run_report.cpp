@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <sstream>
 #include <stdexcept>
 #include <utility>
 
@@ -83,6 +84,54 @@ void derive_case_statistics(std::vector<CaseResult>& cases, double copy_ceiling_
     auto it = baseline_median.find(c.info.name);
     if (it != baseline_median.end() && c.median_ns > 0) c.speedup = it->second / c.median_ns;
   }
+}
+
+namespace {
+
+// The word after `flag` in `words` ("--suite ops"), or "" if absent.
+std::string value_of(const std::vector<std::string>& words, const std::string& flag) {
+  for (size_t i = 0; i + 1 < words.size(); ++i) {
+    if (words[i] == flag) return words[i + 1];
+  }
+  return "";
+}
+
+// What the recorded command line ran: "ops suite", "layernorm 16384x1024 bf16", "trace of python3
+// train.py"; "" where it says nothing known.
+std::string what_ran(const RunInfo& run) {
+  std::vector<std::string> words;
+  std::istringstream in(run.command_line);
+  for (std::string w; in >> w;) words.push_back(w);
+  // The program by its name (older stores recorded a path to it).
+  if (words.size() < 2 || words[0].substr(words[0].find_last_of('/') + 1) != "fusekit") return "";
+  if (words[1] == "bench") {
+    const std::string op = value_of(words, "--op");
+    if (!op.empty()) {
+      std::string what = op + " " + value_of(words, "--shape") + " " + value_of(words, "--dtype");
+      return std::find(words.begin(), words.end(), "--backward") != words.end() ? what + " fwd+bwd" : what;
+    }
+    const std::string suite = value_of(words, "--suite");
+    return (suite.empty() ? "demo" : suite) + " suite";
+  }
+  if (words[1] == "trace") {
+    const auto dashes = std::find(words.begin(), words.end(), "--");
+    std::string command;
+    for (auto w = dashes == words.end() ? dashes : dashes + 1; w != words.end(); ++w)
+      command += (command.empty() ? "" : " ") + *w;
+    return command.empty() ? "trace" : "trace of " + command;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string run_title(const RunInfo& run) {
+  std::string what = what_ran(run);
+  if (what.empty()) what = run.label.empty() ? "run" : run.label;
+  std::string title = "fusekit " + what;
+  if (!run.gpu_name.empty()) title += " on " + run.gpu_name;
+  if (!run.git_commit.empty()) title += " at " + run.git_commit.substr(0, 7);
+  return title + " (run " + std::to_string(run.id) + ")";
 }
 
 }  // namespace fusekit::reports

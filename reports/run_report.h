@@ -65,4 +65,8 @@ void derive_case_statistics(std::vector<CaseResult>& cases, double copy_ceiling_
 // Quantile by linear interpolation between order statistics (q in [0, 1]); NaN for no values.
 double quantile(std::vector<double> values, double q);
 
+// A title that tells runs apart: what ran (a bench suite or case, or the traced program), on which
+// GPU, at which commit, e.g. "fusekit ops suite on NVIDIA H100 80GB HBM3 at 6aab458 (run 1)".
+std::string run_title(const RunInfo& run);
+
 }  // namespace fusekit::reports

@@ -438,6 +438,25 @@ size_t cell_count(const std::string& line) {
 
 // The terminal's range table: every time column, a legend, and the line that explains busy time
 // above wall time only where a range shows it (kernels run on after an asynchronous launch returns).
+// Reports of different runs get titles that tell them apart: what ran, on which GPU, at which commit.
+TEST(RunTitle, SaysWhatRanWhereAndAtWhichCommit) {
+  RunInfo run;
+  run.id = 3;
+  run.gpu_name = "NVIDIA H100 80GB HBM3";
+  run.git_commit = "6aab4587ddef3db361a59263af98dce11f24e97b";
+  run.command_line = "fusekit bench --suite attention --dtype fp16 --db out/fusekit.db";
+  EXPECT_EQ(run_title(run), "fusekit attention suite on NVIDIA H100 80GB HBM3 at 6aab458 (run 3)");
+  run.command_line = "build/fusekit bench --db x.db --op layernorm --shape 16384x1024 --dtype bf16 --backward";
+  EXPECT_EQ(run_title(run), "fusekit layernorm 16384x1024 bf16 fwd+bwd on NVIDIA H100 80GB HBM3 at 6aab458 (run 3)");
+  run.command_line = "fusekit bench --db x.db";
+  EXPECT_EQ(run_title(run), "fusekit demo suite on NVIDIA H100 80GB HBM3 at 6aab458 (run 3)");
+  run.command_line = "python3 train.py";  // a traced program: its label
+  run.label = "train.py";
+  run.gpu_name.clear();
+  run.git_commit.clear();
+  EXPECT_EQ(run_title(run), "fusekit train.py (run 3)");
+}
+
 TEST(RangeTableText, ExplainsBusyAboveWall) {
   profiler::RangeStats outlasted;
   outlasted.name = "rep";
