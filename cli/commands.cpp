@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <stdexcept>
 
 #include "profiler/environment.h"
@@ -282,6 +283,31 @@ int report(const ReportOptions& o) {
 int export_trace(const ExportOptions& o) {
   OpenedRun r = open_run(o.source);
   write_output(o.output, reports::chrome_trace_json(r.store.load_trace(r.run), r.store.run(r.run)));
+  return 0;
+}
+
+int index(const IndexOptions& o) {
+  std::vector<reports::IndexEntry> entries;
+  for (const std::string& entry : o.entries) {
+    const size_t equals = entry.find('=');
+    if (equals == std::string::npos || equals == 0 || equals + 1 == entry.size()) {
+      throw std::invalid_argument("'" + entry + "' is not REPORT=STORE (e.g. ops.html=ops.db)");
+    }
+    OpenedRun r = open_run({entry.substr(equals + 1), 0});
+    reports::IndexEntry e;
+    e.href = entry.substr(0, equals);
+    e.run = r.store.run(r.run);
+    const std::vector<store::StoredCase> cases = r.store.load_cases(r.run);
+    std::set<std::string> names, variants;
+    for (const store::StoredCase& c : cases) {
+      names.insert(c.info.name);
+      variants.insert(c.info.variant);
+    }
+    e.cases = names.size();
+    e.variants = variants.size();
+    entries.push_back(std::move(e));
+  }
+  write_output(o.output, reports::index_html(entries));
   return 0;
 }
 

@@ -90,6 +90,12 @@ struct ExportOptions {
 };
 int export_trace(const ExportOptions& o);
 
+struct IndexOptions {
+  std::vector<std::string> entries;  // REPORT=STORE: a report's address and the store whose latest run it shows
+  std::string output;
+};
+int index(const IndexOptions& o);
+
 struct GateOptions {
   RunSelection baseline;
   RunSelection candidate;

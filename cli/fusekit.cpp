@@ -124,6 +124,12 @@ int main(int argc, char** argv) {
   add_run_selection(export_cmd, export_options.source, "Store to read");
   export_cmd->add_option("-o,--output", export_options.output, "Output file (default: standard output)");
 
+  IndexOptions index_options;
+  CLI::App* index_cmd = app.add_subcommand("index", "Write the index page of a folder of reports (HTML)");
+  index_cmd->add_option("entries", index_options.entries, "REPORT=STORE pairs: a report's address and its store")
+      ->required();
+  index_cmd->add_option("-o,--output", index_options.output, "Output file (default: standard output)");
+
   GateOptions gate_options;
   CLI::App* gate_cmd =
       app.add_subcommand("gate", "Fail (exit 1) if a case of the candidate is significantly slower than the baseline");
@@ -186,6 +192,7 @@ int main(int argc, char** argv) {
     }
     if (*report_cmd) return report(report_options);
     if (*export_cmd) return export_trace(export_options);
+    if (*index_cmd) return index(index_options);
     if (*gate_cmd) return gate(gate_options);
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "fusekit: %s\n", e.what());

@@ -258,4 +258,25 @@ std::string report_html(const RunReport& report) {
   return out;
 }
 
+std::string index_html(const std::vector<IndexEntry>& entries) {
+  const std::string title = "fusekit reports";
+  std::string out =
+      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+      "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">\n"
+      "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n" +
+      element("title", title) + "\n<style>" + std::string(kStyle) + "</style>\n</head>\n<body>\n" +
+      element("h1", title) + "\n";
+  if (entries.empty()) return out + element("p", "No reports.") + "\n</body>\n</html>\n";
+  out +=
+      "<table>\n<tr><th>Report</th><th>GPU</th><th>Commit</th><th>Started (UTC)</th><th>Status</th>"
+      "<th>Cases</th><th>Variants</th><th>Command line</th></tr>\n";
+  for (const IndexEntry& e : entries) {
+    out += "<tr><td><a href=\"" + html_escape(e.href) + "\">" + html_escape(run_title(e.run)) + "</a></td>" +
+           element("td", e.run.gpu_name) + element("td", e.run.git_commit.substr(0, 7)) +
+           element("td", e.run.started_at) + element("td", e.run.status) + element("td", std::to_string(e.cases)) +
+           element("td", std::to_string(e.variants)) + element("td", e.run.command_line, "name") + "</tr>\n";
+  }
+  return out + "</table>\n</body>\n</html>\n";
+}
+
 }  // namespace fusekit::reports

@@ -7,12 +7,25 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "reports/run_report.h"
 
 namespace fusekit::reports {
 
 std::string report_html(const RunReport& report);
+
+// One line of the index page: a report and the run it shows.
+struct IndexEntry {
+  std::string href;  // the report's address, relative to the index page
+  RunInfo run;
+  size_t cases = 0;
+  size_t variants = 0;
+};
+
+// The index page of a folder of reports: per report its title (run_title), suite or command, GPU,
+// commit, date and status, with a link; self-contained like the reports.
+std::string index_html(const std::vector<IndexEntry>& entries);
 
 // & < > " ' as character references.
 std::string html_escape(std::string_view text);

@@ -15,6 +15,7 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   # writes them): each is rendered as HTML, Markdown and CSV, with one line said about it.
   echo "fusekit: no GPU on this machine: rendering the shipped evidence instead of measuring"
   found=0
+  index_entries=()
   for db in "$ROOT"/evidence/*/*.db "$ROOT"/evidence/*/*.db.xz; do
     [ -e "$db" ] || continue
     found=1
@@ -29,8 +30,11 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
       "$FUSEKIT" report --db "$db" --format "$format" -o "$OUT_DIR/$name.$format" >/dev/null
     done
     echo "fusekit: $source_path -> $OUT_DIR/$name.html, .md, .csv"
+    index_entries+=("$name.html=$db")
   done
   [ "$found" = 1 ] || echo "fusekit: no evidence store found under evidence/"
+  "$FUSEKIT" index -o "$OUT_DIR/index.html" "${index_entries[@]}"
+  echo "fusekit: open $OUT_DIR/index.html: every report with its suite, GPU, commit and date"
   exit 0
 fi
 
@@ -51,4 +55,5 @@ dtype=()
 "$FUSEKIT" report --db "$DB" --format csv -o "$OUT_DIR/cases.csv"
 "$FUSEKIT" report --db "$DB" --format md -o "$OUT_DIR/report.md"
 "$FUSEKIT" export --db "$DB" -o "$OUT_DIR/trace.json"
-echo "fusekit: wrote $DB, report.html, cases.csv, report.md and trace.json (Perfetto) in $OUT_DIR"
+"$FUSEKIT" index -o "$OUT_DIR/index.html" "report.html=$DB"
+echo "fusekit: wrote $DB, report.html, cases.csv, report.md, trace.json (Perfetto) and index.html in $OUT_DIR"

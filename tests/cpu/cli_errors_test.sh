@@ -127,7 +127,7 @@ else
   passed=$((passed + 1))
 fi
 # Help works and exits 0 for every subcommand.
-for cmd in bench trace summary compare report export gate; do
+for cmd in bench cases trace summary compare report export index gate; do
   if "$FUSEKIT" "$cmd" --help | grep -q -- "--"; then passed=$((passed + 1)); else
     echo "FAIL: fusekit $cmd --help"
     failures=$((failures + 1))

@@ -61,6 +61,11 @@ check "gate wrote markdown" grep -q "|" "$work/gate.md"
 check_code 0 "gate: 30% slower passes a 40% threshold" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/slow.db" --threshold 40%
 check_code 0 "gate: improvement is not a regression" "$FUSEKIT" gate --baseline "$work/slow.db" --candidate "$work/a.db"
 check_code 1 "no such run" "$FUSEKIT" summary --db "$work/a.db" --run 7
+check "index" "$FUSEKIT" index -o "$work/index.html" "a.html=$work/a.db" "slow.html=$work/slow.db"
+check "index links both reports" grep -c 'href="a.html"' "$work/index.html"
+check "index names the second" grep -q 'href="slow.html"' "$work/index.html"
+check_code 2 "index entry without a store" "$FUSEKIT" index "$work/a.db"
+check_code 1 "index of a missing store" "$FUSEKIT" index "x.html=$work/missing.db"
 check_code 1 "summary of a range that does not exist" "$FUSEKIT" summary --db "$work/a.db" --range nope
 check "it names the range and those that exist" grep -q "no NVTX range named 'nope' (its ranges: 'step'" "$work/last.out"
 # Two runs of timed cases with none in common: an error, not a diff of every kernel.

@@ -457,6 +457,28 @@ TEST(RunTitle, SaysWhatRanWhereAndAtWhichCommit) {
   EXPECT_EQ(run_title(run), "fusekit train.py (run 3)");
 }
 
+TEST(IndexHtml, LinksEveryReportWithItsTitleAndEscapes) {
+  IndexEntry a;
+  a.href = "h100-ops.html";
+  a.run.id = 1;
+  a.run.command_line = "fusekit bench --suite ops";
+  a.run.gpu_name = "NVIDIA H100 80GB HBM3";
+  a.run.git_commit = "6aab4587ddef3db361a59263af98dce11f24e97b";
+  a.cases = 93;
+  a.variants = 6;
+  IndexEntry b = a;
+  b.href = "a&b.html";
+  b.run.command_line = "fusekit bench --suite attention <x>";
+  const std::string page = index_html({a, b});
+  EXPECT_NE(page.find("<a href=\"h100-ops.html\">fusekit ops suite on NVIDIA H100 80GB HBM3 at 6aab458 (run 1)</a>"),
+            std::string::npos)
+      << page;
+  EXPECT_NE(page.find("href=\"a&amp;b.html\""), std::string::npos);
+  EXPECT_NE(page.find("&lt;x&gt;"), std::string::npos);
+  EXPECT_EQ(page.find("<script"), std::string::npos);  // nothing to run, nothing fetched
+  EXPECT_NE(index_html({}).find("No reports."), std::string::npos);
+}
+
 TEST(RangeTableText, ExplainsBusyAboveWall) {
   profiler::RangeStats outlasted;
   outlasted.name = "rep";
