@@ -261,12 +261,14 @@ int report(const ReportOptions& o) {
   if (o.format == "csv") {
     if (o.table == "cases")
       content = reports::cases_csv(rep);
+    else if (o.table == "cases-wide")
+      content = reports::cases_wide_csv(rep);
     else if (o.table == "kernels")
       content = reports::kernels_csv(rep);
     else if (o.table == "ranges")
       content = reports::ranges_csv(rep);
     else
-      throw std::invalid_argument("unknown table '" + o.table + "' (cases, kernels, ranges)");
+      throw std::invalid_argument("unknown table '" + o.table + "' (cases, cases-wide, kernels, ranges)");
   } else if (o.format == "html") {
     content = reports::report_html(rep);
   } else if (o.format == "md") {

@@ -114,8 +114,10 @@ int main(int argc, char** argv) {
   report_cmd->add_option("--format", report_options.format, "csv | html | md | json")
       ->required()
       ->check(CLI::IsMember({"csv", "html", "md", "json"}));
-  report_cmd->add_option("--table", report_options.table, "For csv: cases | kernels | ranges")
-      ->check(CLI::IsMember({"cases", "kernels", "ranges"}))
+  report_cmd
+      ->add_option("--table", report_options.table,
+                   "For csv: cases | cases-wide (a row per case, the variants as columns) | kernels | ranges")
+      ->check(CLI::IsMember({"cases", "cases-wide", "kernels", "ranges"}))
       ->capture_default_str();
   report_cmd->add_option("-o,--output", report_options.output, "Output file (default: standard output)");
 

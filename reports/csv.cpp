@@ -1,7 +1,9 @@
 #include "reports/csv.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -50,6 +52,49 @@ std::string cases_csv(const RunReport& report) {
                      fixed(c.q3_ns / 1e3, 3), fixed(c.min_ns / 1e3, 3), fixed(c.max_ns / 1e3, 3), fixed(c.speedup, 4),
                      fixed(c.info.bytes, 0), fixed(c.bandwidth_bytes_per_s, 3, 1e-9), fixed(c.bandwidth_percent, 1),
                      fixed(c.info.flops, 0), fixed(c.flops_per_s, 4, 1e-12)});
+  }
+  return out;
+}
+
+std::string cases_wide_csv(const RunReport& report) {
+  // The variants in column order, and each case's medians by variant, in the run's case order.
+  std::vector<std::string> variants;
+  std::vector<std::string> names;
+  std::map<std::string, const CaseResult*> first_of;
+  std::map<std::string, std::map<std::string, double>> medians;
+  for (const CaseResult& c : report.cases) {
+    if (std::find(variants.begin(), variants.end(), c.info.variant) == variants.end())
+      variants.push_back(c.info.variant);
+    if (!first_of.count(c.info.name)) {
+      first_of[c.info.name] = &c;
+      names.push_back(c.info.name);
+    }
+    medians[c.info.name][c.info.variant] = c.median_ns;
+  }
+  auto rank = [](const std::string& v) { return v == "fused" ? 0 : v == "baseline" ? 1 : 2; };
+  std::sort(variants.begin(), variants.end(),
+            [&](const std::string& a, const std::string& b) { return rank(a) != rank(b) ? rank(a) < rank(b) : a < b; });
+  std::vector<std::string> header = {"run_id", "name", "op", "shape", "dtype", "bytes"};
+  for (const std::string& v : variants) header.push_back(v + "_median_us");
+  for (const char* h : {"fused_vs_baseline", "best_other", "fused_vs_best_other"}) header.push_back(h);
+  std::string out = csv_line(header);
+  for (const std::string& name : names) {
+    const CaseResult& c = *first_of[name];
+    const std::map<std::string, double>& m = medians[name];
+    std::vector<std::string> row = {std::to_string(report.run.id), name, c.info.op, c.info.shape, c.info.dtype,
+                                    fixed(c.info.bytes, 0)};
+    for (const std::string& v : variants) row.push_back(m.count(v) ? fixed(m.at(v) / 1e3, 3) : "");
+    const auto fused = m.find("fused");
+    const auto baseline = m.find("baseline");
+    row.push_back(fused != m.end() && baseline != m.end() ? fixed(baseline->second / fused->second, 4) : "");
+    const std::pair<const std::string, double>* best = nullptr;
+    for (const auto& entry : m) {
+      const bool fusekit_variant = entry.first.rfind("fused", 0) == 0;  // fused, fused:no-master, ...
+      if (!fusekit_variant && (!best || entry.second < best->second)) best = &entry;
+    }
+    row.push_back(best ? best->first : "");
+    row.push_back(fused != m.end() && best ? fixed(best->second / fused->second, 4) : "");
+    out += csv_line(row);
   }
   return out;
 }

@@ -14,6 +14,11 @@ namespace fusekit::reports {
 // bandwidth_percent,flops,tflops; an absent optional or a non-finite number is an
 // empty cell. Times to the nanosecond.
 std::string cases_csv(const RunReport& report);
+// One row per case, the variants as columns: run_id,name,op,shape,dtype,bytes, then <variant>_median_us
+// for each variant of the run (fused first, baseline second, the others in name order), then
+// fused_vs_baseline (baseline median / fused median), best_other (the fastest variant that is not
+// fusekit's: not fused or fused:<something>) and fused_vs_best_other. A variant a case lacks is an empty cell.
+std::string cases_wide_csv(const RunReport& report);
 // "Time (%)","Total Time (ns)","Instances","Avg (ns)","Med (ns)","Min (ns)","Max (ns)","StdDev (ns)","Name".
 std::string kernels_csv(const RunReport& report);
 // "Wall (ns)","GPU Busy (ns)","Idle (%)","Instances","Kernels","Kernel Time (ns)","Name".

@@ -380,6 +380,29 @@ TEST(CasesCsv, ReadsBackCellForCell) {
   EXPECT_EQ(rows[3][7], "2250.000");
 }
 
+TEST(CasesWideCsv, OneRowPerCaseWithTheVariantsAsColumns) {
+  RunReport r;
+  r.run.id = 2;
+  auto add = [&](const std::string& name, const std::string& variant, double median_ns) {
+    CaseResult c;
+    c.info = {name, "op", "8x8", "fp16", variant, 1024, 0};
+    c.median_ns = median_ns;
+    r.cases.push_back(c);
+  };
+  add("op/8x8/fp16/fwd", "baseline", 4000);
+  add("op/8x8/fp16/fwd", "fused", 1000);
+  add("op/8x8/fp16/fwd", "peer:eager", 5000);
+  add("op/8x8/fp16/fwd", "peer:compile", 2000);
+  add("op/8x8/fp16/fwd", "fused:no-master", 900);  // fusekit's own: never the best other
+  add("op/16x8/fp16/fwd", "fused", 3000);          // no other variant: empty cells
+  const std::string csv = cases_wide_csv(r);
+  EXPECT_EQ(csv,
+            "run_id,name,op,shape,dtype,bytes,fused_median_us,baseline_median_us,fused:no-master_median_us,"
+            "peer:compile_median_us,peer:eager_median_us,fused_vs_baseline,best_other,fused_vs_best_other\n"
+            "2,op/8x8/fp16/fwd,op,8x8,fp16,1024,1.000,4.000,0.900,2.000,5.000,4.0000,peer:compile,2.0000\n"
+            "2,op/16x8/fp16/fwd,op,8x8,fp16,1024,3.000,,,,,,,\n");
+}
+
 TEST(KernelsCsv, HasTheNsysColumnsAndEveryKernel) {
   const RunReport r = make_report();
   const auto rows = parse_csv(kernels_csv(r));
