@@ -326,7 +326,17 @@ int gate(const GateOptions& o) {
   std::cout << reports::gate_table_text(result);
   if (!o.markdown_output.empty()) write_output(o.markdown_output, reports::gate_table_markdown(result));
   if (result.rows.empty()) throw std::runtime_error("no case is present in both runs; nothing to gate");
-  return result.any_regression() ? 1 : 0;
+  if (result.any_regression()) return 1;
+  // A case with too few samples was not tested: without --allow-too-few-samples that is no pass.
+  const auto untested = std::count_if(result.rows.begin(), result.rows.end(), [](const reports::GateRow& row) {
+    return row.verdict == reports::Verdict::too_few_samples;
+  });
+  if (untested > 0 && !o.allow_too_few_samples) {
+    throw std::runtime_error(std::to_string(untested) + " of " + std::to_string(result.rows.size()) +
+                             " cases have fewer than " + std::to_string(options.min_samples) +
+                             " samples on a side and were not tested: not a pass (--allow-too-few-samples accepts it)");
+  }
+  return 0;
 }
 
 }  // namespace fusekit::cli

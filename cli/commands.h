@@ -103,6 +103,7 @@ struct GateOptions {
   double alpha = 0.01;
   int min_samples = 5;
   std::string markdown_output;
+  bool allow_too_few_samples = false;  // a case with too few samples to test does not fail the gate
 };
 int gate(const GateOptions& o);
 

@@ -150,6 +150,8 @@ int main(int argc, char** argv) {
   gate_cmd->add_option("--min-samples", gate_options.min_samples, "Fewest samples per side to test a case")
       ->check(CLI::Range(2, 1000000))
       ->capture_default_str();
+  gate_cmd->add_flag("--allow-too-few-samples", gate_options.allow_too_few_samples,
+                     "Pass even if some cases have too few samples to test (by default that fails)");
   gate_cmd->add_option("--markdown", gate_options.markdown_output, "Also write the table as Markdown to this file");
 
   // An unknown first word is an unknown subcommand (CLI11 would say "A subcommand is required").

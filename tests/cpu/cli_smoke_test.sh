@@ -60,6 +60,10 @@ check "gate names the regression" grep -qi "regress" "$work/last.out"
 check "gate wrote markdown" grep -q "|" "$work/gate.md"
 check_code 0 "gate: 30% slower passes a 40% threshold" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/slow.db" --threshold 40%
 check_code 0 "gate: improvement is not a regression" "$FUSEKIT" gate --baseline "$work/slow.db" --candidate "$work/a.db"
+# make_test_store writes 30 samples a case: with 40 required nothing is tested, which is no pass.
+check_code 1 "gate: too few samples is not a pass" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/same.db" --min-samples 40
+check "it says which were not tested" grep -q "2 of 2 cases have fewer than 40 samples on a side and were not tested" "$work/last.out"
+check_code 0 "gate: too few samples allowed" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/same.db" --min-samples 40 --allow-too-few-samples
 check_code 1 "no such run" "$FUSEKIT" summary --db "$work/a.db" --run 7
 check "index" "$FUSEKIT" index -o "$work/index.html" "a.html=$work/a.db" "slow.html=$work/slow.db"
 check "index links both reports" grep -c 'href="a.html"' "$work/index.html"
