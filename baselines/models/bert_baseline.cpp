@@ -328,7 +328,6 @@ void init_weights(detail::BertForMaskedLMImpl& model, uint64_t seed) {
 BaselineBert::BaselineBert(const models::BertConfig& config, const models::BertTrainOptions& options,
                            BaselinePrecision precision)
     : config_(validated(config)),
-      options_(options),
       precision_(precision),
       layout_(config_, models::QkvLayout::separate, kernels::DType::f32),
       device_(at::kCUDA, c10::cuda::current_device()),
@@ -342,8 +341,10 @@ BaselineBert::BaselineBert(const models::BertConfig& config, const models::BertT
     throw std::logic_error("bert baseline: the module has " + std::to_string(named.size()) +
                            " parameters, the layout " + std::to_string(layout_.parameters().size()));
   }
-  groups_[0].weight_decay = options.weight_decay;
-  groups_[1].weight_decay = 0.0;
+  for (ParameterGroup& group : groups_) {
+    group.hyper = {options.lr, options.beta1, options.beta2, options.eps, options.weight_decay};
+  }
+  groups_[1].hyper.weight_decay = 0.0;
   const auto floats = at::TensorOptions().dtype(at::kFloat).device(device_);
   for (size_t i = 0; i < layout_.parameters().size(); ++i) {
     const models::BertParameter& p = layout_.parameters()[i];
@@ -354,10 +355,10 @@ BaselineBert::BaselineBert(const models::BertConfig& config, const models::BertT
     // and a 0-dim float32 step count on its device.
     ParameterGroup& group = groups_[p.decays ? 0 : 1];
     group.members.push_back(i);
-    group.params.push_back(*tensor);
-    group.exp_avgs.push_back(at::zeros_like(*tensor));
-    group.exp_avg_sqs.push_back(at::zeros_like(*tensor));
-    group.steps.push_back(at::zeros({}, floats));
+    group.state.params.push_back(*tensor);
+    group.state.exp_avgs.push_back(at::zeros_like(*tensor));
+    group.state.exp_avg_sqs.push_back(at::zeros_like(*tensor));
+    group.state.steps.push_back(at::zeros({}, floats));
   }
 
   const double scale =
@@ -388,9 +389,9 @@ void BaselineBert::load_state_dict(const std::vector<models::TensorView>& tensor
     parameters_[i].copy_(at::from_blob(flat.data() + p.offset * sizeof(float), p.shape, at::kFloat));
   }
   for (ParameterGroup& group : groups_) {
-    at::_foreach_zero_(group.exp_avgs);
-    at::_foreach_zero_(group.exp_avg_sqs);
-    at::_foreach_zero_(group.steps);
+    at::_foreach_zero_(group.state.exp_avgs);
+    at::_foreach_zero_(group.state.exp_avg_sqs);
+    at::_foreach_zero_(group.state.steps);
   }
   for (at::Tensor& p : parameters_) p.mutable_grad().reset();
 }
@@ -441,17 +442,11 @@ void BaselineBert::unscale_gradients() {
 }
 
 void BaselineBert::adamw_step() {
-  // torch.optim.AdamW(fused=True).step() with GradScaler's found_inf and, the gradients being
-  // unscaled already, no grad_scale: per group, steps += 1, the fused update (skipped on the device
-  // where found_inf is set), steps -= found_inf.
+  // GradScaler.step's call of the fused optimizer once unscale_ ran: found_inf, no grad_scale.
   for (ParameterGroup& group : groups_) {
-    std::vector<at::Tensor> grads;
-    for (size_t i : group.members) grads.push_back(parameters_[i].grad());
-    at::_foreach_add_(group.steps, 1);
-    at::_fused_adamw_(group.params, grads, group.exp_avgs, group.exp_avg_sqs, /*max_exp_avg_sqs=*/{}, group.steps,
-                      options_.lr, options_.beta1, options_.beta2, group.weight_decay, options_.eps,
-                      /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf_);
-    at::_foreach_sub_(group.steps, std::vector<at::Tensor>(group.steps.size(), found_inf_));
+    for (size_t i : group.members) group.state.grads.push_back(parameters_[i].grad());
+    adamw_fused_step(group.state, group.hyper, found_inf_);
+    group.state.grads.clear();  // the next zero_grad sets the gradients to None: hold no reference to them
   }
 }
 

@@ -42,6 +42,7 @@
 #include <optional>
 #include <vector>
 
+#include "baselines/adamw.h"
 #include "models/bert_model.h"
 #include "models/bert_parameters.h"
 
@@ -82,23 +83,23 @@ class BaselineBert : public models::BertMlmModel {
   struct DeviceBatch {
     at::Tensor input_ids, token_type_ids, labels, attention_mask;
   };
-  // One parameter group of the optimizer and its state (torch.optim.AdamW's param_groups and state).
+  // One parameter group of the optimizer: its hyperparameters and its state (torch.optim.AdamW's
+  // param_groups and state); the gradients are gathered into it for each step only.
   struct ParameterGroup {
-    double weight_decay = 0;
     std::vector<size_t> members;  // indices into parameters_
-    std::vector<at::Tensor> params, exp_avgs, exp_avg_sqs, steps;
+    AdamWHyperparameters hyper{};
+    AdamWTensors state;
   };
 
   DeviceBatch to_device(const models::MlmBatch& batch) const;
   // Gradients to None, the forward under autocast and (loss * scale).backward(): the loss, detached.
   at::Tensor forward_backward_scaled(const DeviceBatch& batch);
   void unscale_gradients();  // GradScaler.unscale_: gradients / scale, found_inf_ set on inf or NaN
-  void adamw_step();         // GradScaler.step(AdamW(fused=True)) after unscale_
+  void adamw_step();         // GradScaler.step(AdamW(fused=True)) after unscale_, per group
   at::Tensor train_step(const DeviceBatch& batch);
   std::vector<models::HostTensor> host_copies(bool gradients);
 
   models::BertConfig config_;
-  models::BertTrainOptions options_;
   BaselinePrecision precision_;
   models::BertParameterLayout layout_;  // separate query, key and value; the order of parameters_
   at::Device device_;
