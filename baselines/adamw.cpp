@@ -10,6 +10,13 @@ void adamw_fused_step(const AdamWTensors& t, const AdamWHyperparameters& h) {
                     h.eps, /*amsgrad=*/false, /*maximize=*/false);
 }
 
+void adamw_fused_step(const AdamWTensors& t, const AdamWHyperparameters& h, const at::Tensor& found_inf) {
+  at::_foreach_add_(t.steps, 1);
+  at::_fused_adamw_(t.params, t.grads, t.exp_avgs, t.exp_avg_sqs, {}, t.steps, h.lr, h.beta1, h.beta2, h.weight_decay,
+                    h.eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
+  at::_foreach_sub_(t.steps, std::vector<at::Tensor>(t.steps.size(), found_inf));
+}
+
 GradScalerState make_grad_scaler(double init_scale, const at::Device& device) {
   const auto floats = at::TensorOptions().dtype(at::kFloat).device(device);
   return {at::full({}, init_scale, floats), at::zeros({}, floats.dtype(at::kInt)), at::zeros({}, floats),

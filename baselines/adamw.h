@@ -26,6 +26,10 @@ struct AdamWTensors {
 
 // torch.optim.AdamW(fused=True).step(): steps += 1, then one at::_fused_adamw_ over the lists.
 void adamw_fused_step(const AdamWTensors& tensors, const AdamWHyperparameters& h);
+// The same as GradScaler.step runs it after scaler.unscale_(optimizer) (the gradients unscaled
+// already): at::_fused_adamw_ with found_inf (0-dim float32 on the device; where it is nonzero the
+// kernel changes nothing) and no grad_scale, then steps -= found_inf.
+void adamw_fused_step(const AdamWTensors& tensors, const AdamWHyperparameters& h, const at::Tensor& found_inf);
 
 // GradScaler's state: the scale, its growth tracker, the found-inf flag (0-dim float32 on the GPU).
 struct GradScalerState {

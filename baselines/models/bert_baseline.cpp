@@ -1,0 +1,522 @@
+#include "baselines/models/bert_baseline.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "models/bert_checkpoint.h"
+#include "profiler/range.h"
+
+namespace fusekit::baselines {
+namespace detail {
+
+namespace F = torch::nn::functional;
+
+torch::nn::LayerNormOptions layer_norm_options(const models::BertConfig& c) {
+  return torch::nn::LayerNormOptions(std::vector<int64_t>{c.hidden}).eps(c.layer_norm_eps);
+}
+
+// "gelu_pytorch_tanh", Hugging Face's name for this form.
+at::Tensor gelu_tanh(const at::Tensor& x) { return F::gelu(x, F::GELUFuncOptions().approximate("tanh")); }
+
+// The modules below are Hugging Face's classes of the same names, registered under the same names, so
+// that named_parameters() gives Hugging Face's state-dict names.
+
+class BertEmbeddingsImpl : public torch::nn::Module {
+ public:
+  explicit BertEmbeddingsImpl(const models::BertConfig& c)
+      : word_embeddings(register_module(
+            "word_embeddings",
+            torch::nn::Embedding(torch::nn::EmbeddingOptions(c.vocab, c.hidden).padding_idx(models::kPadToken)))),
+        position_embeddings(register_module("position_embeddings", torch::nn::Embedding(c.max_positions, c.hidden))),
+        token_type_embeddings(register_module("token_type_embeddings", torch::nn::Embedding(c.token_types, c.hidden))),
+        layer_norm(register_module("LayerNorm", torch::nn::LayerNorm(layer_norm_options(c)))),
+        dropout(register_module("dropout", torch::nn::Dropout(c.dropout))) {}
+
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& token_type_ids, const at::Tensor& position_ids) {
+    at::Tensor embeddings = word_embeddings(input_ids) + token_type_embeddings(token_type_ids);
+    embeddings += position_embeddings(position_ids);  // [1, seq, hidden], broadcast over the batch
+    return dropout(layer_norm(embeddings));
+  }
+
+  torch::nn::Embedding word_embeddings, position_embeddings, token_type_embeddings;
+  torch::nn::LayerNorm layer_norm;
+  torch::nn::Dropout dropout;
+};
+TORCH_MODULE(BertEmbeddings);
+
+// BertSdpaSelfAttention: the projections, then at::scaled_dot_product_attention with the additive mask
+// and dropout on the probabilities while training.
+class BertSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit BertSelfAttentionImpl(const models::BertConfig& c)
+      : query(register_module("query", torch::nn::Linear(c.hidden, c.hidden))),
+        key(register_module("key", torch::nn::Linear(c.hidden, c.hidden))),
+        value(register_module("value", torch::nn::Linear(c.hidden, c.hidden))),
+        heads_(c.heads),
+        head_dim_(c.head_dim()),
+        dropout_p_(c.dropout) {}
+
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& mask) {
+    const int64_t batch = hidden.size(0), seq = hidden.size(1);
+    // transpose_for_scores: [batch, seq, hidden] -> [batch, heads, seq, head_dim]
+    const auto heads_first = [&](const at::Tensor& x) {
+      return x.view({batch, seq, heads_, head_dim_}).permute({0, 2, 1, 3});
+    };
+    const at::Tensor q = heads_first(query(hidden));
+    const at::Tensor k = heads_first(key(hidden));
+    const at::Tensor v = heads_first(value(hidden));
+    const at::Tensor context = at::scaled_dot_product_attention(q, k, v, mask, is_training() ? dropout_p_ : 0.0);
+    return context.transpose(1, 2).reshape({batch, seq, heads_ * head_dim_});
+  }
+
+  torch::nn::Linear query, key, value;
+
+ private:
+  int64_t heads_, head_dim_;
+  double dropout_p_;
+};
+TORCH_MODULE(BertSelfAttention);
+
+// BertSelfOutput and BertOutput: dense, dropout, LayerNorm of the sum with the block's input.
+class BertOutputImpl : public torch::nn::Module {
+ public:
+  BertOutputImpl(int64_t in_features, const models::BertConfig& c)
+      : dense(register_module("dense", torch::nn::Linear(in_features, c.hidden))),
+        layer_norm(register_module("LayerNorm", torch::nn::LayerNorm(layer_norm_options(c)))),
+        dropout(register_module("dropout", torch::nn::Dropout(c.dropout))) {}
+
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& input) {
+    return layer_norm(dropout(dense(hidden)) + input);
+  }
+
+  torch::nn::Linear dense;
+  torch::nn::LayerNorm layer_norm;
+  torch::nn::Dropout dropout;
+};
+TORCH_MODULE(BertOutput);
+
+class BertAttentionImpl : public torch::nn::Module {
+ public:
+  explicit BertAttentionImpl(const models::BertConfig& c)
+      : self_attention(register_module("self", BertSelfAttention(c))),
+        output(register_module("output", BertOutput(c.hidden, c))) {}
+
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& mask) {
+    return output(self_attention(hidden, mask), hidden);
+  }
+
+  BertSelfAttention self_attention;
+  BertOutput output;
+};
+TORCH_MODULE(BertAttention);
+
+class BertIntermediateImpl : public torch::nn::Module {
+ public:
+  explicit BertIntermediateImpl(const models::BertConfig& c)
+      : dense(register_module("dense", torch::nn::Linear(c.hidden, c.intermediate))) {}
+
+  at::Tensor forward(const at::Tensor& hidden) { return gelu_tanh(dense(hidden)); }
+
+  torch::nn::Linear dense;
+};
+TORCH_MODULE(BertIntermediate);
+
+class BertLayerImpl : public torch::nn::Module {
+ public:
+  explicit BertLayerImpl(const models::BertConfig& c)
+      : attention(register_module("attention", BertAttention(c))),
+        intermediate(register_module("intermediate", BertIntermediate(c))),
+        output(register_module("output", BertOutput(c.intermediate, c))) {}
+
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& mask) {
+    const at::Tensor attention_output = attention(hidden, mask);
+    return output(intermediate(attention_output), attention_output);
+  }
+
+  BertAttention attention;
+  BertIntermediate intermediate;
+  BertOutput output;
+};
+TORCH_MODULE(BertLayer);
+
+class BertEncoderImpl : public torch::nn::Module {
+ public:
+  explicit BertEncoderImpl(const models::BertConfig& c) : layer(register_module("layer", torch::nn::ModuleList())) {
+    for (int i = 0; i < c.layers; ++i) {
+      layers_.push_back(BertLayer(c));
+      layer->push_back(layers_.back());  // registered as "<i>"
+    }
+  }
+
+  at::Tensor forward(at::Tensor hidden, const at::Tensor& mask) {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      profiler::ScopedRange range("bert.layer." + std::to_string(i));
+      hidden = layers_[i](hidden, mask);
+    }
+    return hidden;
+  }
+
+  torch::nn::ModuleList layer;
+
+ private:
+  std::vector<BertLayer> layers_;  // the same modules, typed
+};
+TORCH_MODULE(BertEncoder);
+
+class BertModelImpl : public torch::nn::Module {
+ public:
+  explicit BertModelImpl(const models::BertConfig& c)
+      : embeddings(register_module("embeddings", BertEmbeddings(c))),
+        encoder(register_module("encoder", BertEncoder(c))) {}
+
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& token_type_ids, const at::Tensor& position_ids,
+                     const at::Tensor& attention_mask) {
+    at::Tensor embedding_output;
+    {
+      profiler::ScopedRange range("bert.embeddings");
+      embedding_output = embeddings(input_ids, token_type_ids, position_ids);
+    }
+    // The mask for SDPA, as _prepare_4d_attention_mask_for_sdpa builds it: [batch, 1, seq, seq], 0 for
+    // valid keys and torch.finfo(dtype).min for padded ones, in the embeddings' dtype, which is fp32 in
+    // both precisions (LayerNorm runs in fp32 under autocast).
+    TORCH_CHECK(embedding_output.scalar_type() == at::kFloat, "bert baseline: fp32 embeddings expected");
+    const int64_t batch = attention_mask.size(0), seq = attention_mask.size(1);
+    const at::Tensor expanded =
+        attention_mask.view({batch, 1, 1, seq}).expand({batch, 1, seq, seq}).to(embedding_output.scalar_type());
+    const at::Tensor inverted = at::rsub(expanded, 1.0);
+    const at::Tensor mask = inverted.masked_fill(inverted.to(at::kBool), std::numeric_limits<float>::lowest());
+    return encoder(embedding_output, mask);
+  }
+
+  BertEmbeddings embeddings;
+  BertEncoder encoder;
+};
+TORCH_MODULE(BertModel);
+
+class BertPredictionHeadTransformImpl : public torch::nn::Module {
+ public:
+  explicit BertPredictionHeadTransformImpl(const models::BertConfig& c)
+      : dense(register_module("dense", torch::nn::Linear(c.hidden, c.hidden))),
+        layer_norm(register_module("LayerNorm", torch::nn::LayerNorm(layer_norm_options(c)))) {}
+
+  at::Tensor forward(const at::Tensor& hidden) { return layer_norm(gelu_tanh(dense(hidden))); }
+
+  torch::nn::Linear dense;
+  torch::nn::LayerNorm layer_norm;
+};
+TORCH_MODULE(BertPredictionHeadTransform);
+
+// BertLMPredictionHead: the decoder is tied to the word embeddings, so it takes their weight as an
+// argument and owns only its bias.
+class BertLMPredictionHeadImpl : public torch::nn::Module {
+ public:
+  explicit BertLMPredictionHeadImpl(const models::BertConfig& c)
+      : transform(register_module("transform", BertPredictionHeadTransform(c))),
+        bias(register_parameter("bias", torch::zeros({c.vocab}))) {}
+
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& decoder_weight) {
+    return F::linear(transform(hidden), decoder_weight, bias);
+  }
+
+  BertPredictionHeadTransform transform;
+  at::Tensor bias;
+};
+TORCH_MODULE(BertLMPredictionHead);
+
+class BertOnlyMLMHeadImpl : public torch::nn::Module {
+ public:
+  explicit BertOnlyMLMHeadImpl(const models::BertConfig& c)
+      : predictions(register_module("predictions", BertLMPredictionHead(c))) {}
+
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& decoder_weight) {
+    return predictions(hidden, decoder_weight);
+  }
+
+  BertLMPredictionHead predictions;
+};
+TORCH_MODULE(BertOnlyMLMHead);
+
+class BertForMaskedLMImpl : public torch::nn::Module {
+ public:
+  explicit BertForMaskedLMImpl(const models::BertConfig& c)
+      : bert(register_module("bert", BertModel(c))), cls(register_module("cls", BertOnlyMLMHead(c))), vocab_(c.vocab) {}
+
+  // The mean masked-LM loss of the batch.
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& token_type_ids, const at::Tensor& position_ids,
+                     const at::Tensor& attention_mask, const at::Tensor& labels) {
+    const at::Tensor sequence_output = bert(input_ids, token_type_ids, position_ids, attention_mask);
+    profiler::ScopedRange range("bert.head");
+    const at::Tensor logits = cls(sequence_output, bert->embeddings->word_embeddings->weight);
+    return F::cross_entropy(logits.view({-1, vocab_}), labels.view({-1}),
+                            F::CrossEntropyFuncOptions().ignore_index(models::kIgnoreLabel));
+  }
+
+  BertModel bert;
+  BertOnlyMLMHead cls;
+
+ private:
+  int64_t vocab_;
+};
+
+}  // namespace detail
+
+namespace {
+
+models::BertConfig validated(const models::BertConfig& config) {
+  models::validate(config);
+  return config;
+}
+
+// torch.autocast("cuda", dtype)'s __enter__ and __exit__; nothing where disabled.
+class AutocastRegion {
+ public:
+  AutocastRegion(bool enabled, at::ScalarType dtype) : enabled_(enabled) {
+    if (!enabled_) return;
+    previous_cache_enabled_ = at::autocast::is_autocast_cache_enabled();
+    previous_enabled_ = at::autocast::is_autocast_enabled(at::kCUDA);
+    previous_dtype_ = at::autocast::get_autocast_dtype(at::kCUDA);
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
+    at::autocast::increment_nesting();
+    at::autocast::set_autocast_cache_enabled(true);
+  }
+  ~AutocastRegion() {
+    if (!enabled_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(at::kCUDA, previous_enabled_);
+    at::autocast::set_autocast_dtype(at::kCUDA, previous_dtype_);
+    at::autocast::set_autocast_cache_enabled(previous_cache_enabled_);
+  }
+  AutocastRegion(const AutocastRegion&) = delete;
+  AutocastRegion& operator=(const AutocastRegion&) = delete;
+
+ private:
+  bool enabled_;
+  bool previous_enabled_ = false;
+  bool previous_cache_enabled_ = true;
+  at::ScalarType previous_dtype_ = at::kHalf;
+};
+
+// Hugging Face's _init_weights for BERT: Linear and Embedding weights normal(0, 0.02), biases 0,
+// LayerNorm 1 and 0, the padding token's embedding 0.
+void init_weights(detail::BertForMaskedLMImpl& model, uint64_t seed) {
+  at::Generator generator = at::detail::createCPUGenerator(seed);
+  torch::NoGradGuard no_grad;
+  for (auto& item : model.named_parameters()) {
+    at::Tensor& p = item.value();
+    if (item.key().ends_with("LayerNorm.weight")) {
+      p.fill_(1.0);
+    } else if (p.dim() == 1) {
+      p.zero_();
+    } else {
+      p.normal_(0.0, 0.02, generator);
+    }
+  }
+  model.bert->embeddings->word_embeddings->weight[models::kPadToken].zero_();
+}
+
+}  // namespace
+
+BaselineBert::BaselineBert(const models::BertConfig& config, const models::BertTrainOptions& options,
+                           BaselinePrecision precision)
+    : config_(validated(config)),
+      precision_(precision),
+      layout_(config_, models::QkvLayout::separate, kernels::DType::f32),
+      device_(at::kCUDA, c10::cuda::current_device()),
+      model_(std::make_shared<detail::BertForMaskedLMImpl>(config_)) {
+  init_weights(*model_, options.seed);
+  model_->to(device_);
+  model_->train();
+
+  const auto named = model_->named_parameters();
+  if (named.size() != layout_.parameters().size()) {
+    throw std::logic_error("bert baseline: the module has " + std::to_string(named.size()) +
+                           " parameters, the layout " + std::to_string(layout_.parameters().size()));
+  }
+  for (ParameterGroup& group : groups_) {
+    group.hyper = {options.lr, options.beta1, options.beta2, options.eps, options.weight_decay};
+  }
+  groups_[1].hyper.weight_decay = 0.0;
+  const auto floats = at::TensorOptions().dtype(at::kFloat).device(device_);
+  for (size_t i = 0; i < layout_.parameters().size(); ++i) {
+    const models::BertParameter& p = layout_.parameters()[i];
+    const at::Tensor* tensor = named.find(p.name);
+    if (!tensor) throw std::logic_error("bert baseline: the module has no parameter '" + p.name + "'");
+    parameters_.push_back(*tensor);
+    // torch.optim.AdamW(fused=True)'s state, created at the first step there: zeros like the parameter
+    // and a 0-dim float32 step count on its device.
+    ParameterGroup& group = groups_[p.decays ? 0 : 1];
+    group.members.push_back(i);
+    group.state.params.push_back(*tensor);
+    group.state.exp_avgs.push_back(at::zeros_like(*tensor));
+    group.state.exp_avg_sqs.push_back(at::zeros_like(*tensor));
+    group.state.steps.push_back(at::zeros({}, floats));
+  }
+
+  const double scale =
+      options.effective_loss_scale(precision == BaselinePrecision::fp32 ? kernels::DType::f32 : config_.dtype);
+  scale_ = at::full({}, scale, floats);
+  inv_scale_ = at::full({}, static_cast<float>(1.0 / scale), floats);  // scale.double().reciprocal().float()
+  found_inf_ = at::zeros({}, floats);
+  position_ids_ = at::arange(config_.sequence, at::TensorOptions().dtype(at::kLong).device(device_)).unsqueeze(0);
+  torch::cuda::manual_seed(options.seed);
+}
+
+BaselineBert::~BaselineBert() {
+  // No step may still read memory that the caching allocator gets back here.
+  if (last_stream_) (void)cudaStreamSynchronize(last_stream_->stream());
+}
+
+const char* BaselineBert::variant() const {
+  return precision_ == BaselinePrecision::amp ? "baseline" : "baseline-fp32";
+}
+
+void BaselineBert::load_state_dict(const std::vector<models::TensorView>& tensors) {
+  std::vector<std::byte> flat(layout_.flat_bytes());
+  models::load_bert_state_dict(tensors, layout_, flat);
+  if (last_stream_) last_stream_->synchronize();
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const models::BertParameter& p = layout_.parameters()[i];
+    parameters_[i].copy_(at::from_blob(flat.data() + p.offset * sizeof(float), p.shape, at::kFloat));
+  }
+  for (ParameterGroup& group : groups_) {
+    at::_foreach_zero_(group.state.exp_avgs);
+    at::_foreach_zero_(group.state.exp_avg_sqs);
+    at::_foreach_zero_(group.state.steps);
+  }
+  for (at::Tensor& p : parameters_) p.mutable_grad().reset();
+}
+
+BaselineBert::DeviceBatch BaselineBert::to_device(const models::MlmBatch& batch) const {
+  if (batch.batch != config_.batch || batch.sequence != config_.sequence) {
+    throw std::invalid_argument("bert baseline: a batch of " + std::to_string(batch.batch) + " x " +
+                                std::to_string(batch.sequence) + " tokens, the config's shape is " +
+                                std::to_string(config_.batch) + " x " + std::to_string(config_.sequence));
+  }
+  const size_t tokens = static_cast<size_t>(batch.batch) * batch.sequence;
+  if (batch.input_ids.size() != tokens || batch.token_type_ids.size() != tokens || batch.labels.size() != tokens ||
+      batch.lengths.size() != static_cast<size_t>(batch.batch)) {
+    throw std::invalid_argument("bert baseline: the batch's tensors do not have its shape");
+  }
+  // The tokenizer's attention_mask: 1 for the first lengths[b] tokens, 0 for the padding.
+  std::vector<int64_t> attention_mask(tokens);
+  for (int b = 0; b < batch.batch; ++b) {
+    for (int s = 0; s < batch.sequence; ++s) attention_mask[b * batch.sequence + s] = s < batch.lengths[b] ? 1 : 0;
+  }
+  const auto upload = [&](const std::vector<int64_t>& values) {
+    return at::from_blob(const_cast<int64_t*>(values.data()), {batch.batch, batch.sequence}, at::kLong).to(device_);
+  };
+  return {upload(batch.input_ids), upload(batch.token_type_ids), upload(batch.labels), upload(attention_mask)};
+}
+
+at::Tensor BaselineBert::forward_backward_scaled(const DeviceBatch& batch) {
+  for (at::Tensor& p : parameters_) p.mutable_grad().reset();  // optimizer.zero_grad(): set to None
+  at::Tensor loss;
+  {
+    profiler::ScopedRange range("bert.forward");
+    const AutocastRegion autocast(precision_ == BaselinePrecision::amp,
+                                  config_.dtype == kernels::DType::bf16 ? at::kBFloat16 : at::kHalf);
+    loss = model_->forward(batch.input_ids, batch.token_type_ids, position_ids_, batch.attention_mask, batch.labels);
+  }
+  {
+    profiler::ScopedRange range("bert.backward");
+    (loss * scale_).backward();  // scaler.scale(loss).backward()
+  }
+  return loss.detach();
+}
+
+void BaselineBert::unscale_gradients() {
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : parameters_) grads.push_back(p.grad());
+  found_inf_.zero_();
+  at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, inv_scale_);
+}
+
+void BaselineBert::adamw_step() {
+  // GradScaler.step's call of the fused optimizer once unscale_ ran: found_inf, no grad_scale.
+  for (ParameterGroup& group : groups_) {
+    for (size_t i : group.members) group.state.grads.push_back(parameters_[i].grad());
+    adamw_fused_step(group.state, group.hyper, found_inf_);
+    group.state.grads.clear();  // the next zero_grad sets the gradients to None: hold no reference to them
+  }
+}
+
+at::Tensor BaselineBert::train_step(const DeviceBatch& batch) {
+  profiler::ScopedRange range("bert.step");
+  const at::Tensor loss = forward_backward_scaled(batch);
+  profiler::ScopedRange optimizer("bert.optimizer");
+  unscale_gradients();  // scaler.unscale_(optimizer)
+  adamw_step();         // scaler.step(optimizer)
+  return loss;
+}
+
+float BaselineBert::forward_backward(const models::MlmBatch& batch) {
+  const DeviceBatch device_batch = to_device(batch);
+  last_stream_ = c10::cuda::getCurrentCUDAStream(device_.index());
+  const at::Tensor loss = forward_backward_scaled(device_batch);
+  unscale_gradients();
+  return loss.item<float>();
+}
+
+float BaselineBert::step(const models::MlmBatch& batch) {
+  const DeviceBatch device_batch = to_device(batch);
+  last_stream_ = c10::cuda::getCurrentCUDAStream(device_.index());
+  last_loss_ = train_step(device_batch);
+  return last_loss_.item<float>();
+}
+
+void BaselineBert::prepare_batches(const std::vector<models::MlmBatch>& batches) {
+  std::vector<DeviceBatch> prepared;
+  for (const models::MlmBatch& batch : batches) prepared.push_back(to_device(batch));
+  if (last_stream_) last_stream_->synchronize();  // steps may still read the batches replaced here
+  batches_ = std::move(prepared);
+}
+
+void BaselineBert::enqueue_step(int batch_index, cudaStream_t stream) {
+  if (batch_index < 0 || static_cast<size_t>(batch_index) >= batches_.size()) {
+    throw std::out_of_range("bert baseline: batch " + std::to_string(batch_index) + " of " +
+                            std::to_string(batches_.size()) + " prepared");
+  }
+  const c10::cuda::CUDAStream torch_stream = c10::cuda::getStreamFromExternal(stream, device_.index());
+  const c10::cuda::CUDAStreamGuard guard(torch_stream);
+  last_loss_ = train_step(batches_[batch_index]);
+  last_stream_ = torch_stream;
+}
+
+float BaselineBert::last_loss() {
+  if (!last_loss_.defined()) throw std::logic_error("bert baseline: no step has run");
+  c10::cuda::OptionalCUDAStreamGuard guard;
+  if (last_stream_) guard.reset_stream(*last_stream_);
+  return last_loss_.item<float>();
+}
+
+std::vector<models::HostTensor> BaselineBert::host_copies(bool gradients) {
+  c10::cuda::OptionalCUDAStreamGuard guard;
+  if (last_stream_) guard.reset_stream(*last_stream_);
+  std::vector<models::HostTensor> out;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const models::BertParameter& p = layout_.parameters()[i];
+    const at::Tensor source = gradients ? parameters_[i].grad() : parameters_[i].detach();
+    if (!source.defined()) throw std::logic_error("bert baseline: no gradients yet (run forward_backward or step)");
+    const at::Tensor host = source.to(at::kCPU).contiguous();
+    models::HostTensor tensor{p.name, p.shape, {}};
+    tensor.values.assign(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
+    out.push_back(std::move(tensor));
+  }
+  return out;
+}
+
+std::vector<models::HostTensor> BaselineBert::gradients() { return host_copies(true); }
+
+std::vector<models::HostTensor> BaselineBert::parameters() { return host_copies(false); }
+
+}  // namespace fusekit::baselines
