@@ -83,9 +83,11 @@ struct TrainerState {
   unsigned arrivals;          // check blocks finished; 0 between steps
 };
 
-// One element, in torch.optim.AdamW's order: decay first, eps after the square root.
-__device__ __forceinline__ void adamw_update(float g, float& p, float& m, float& v, const Coefficients& c) {
-  p *= c.decay;
+// One element, in torch.optim.AdamW's order: decay first, eps after the square root. decay is
+// c.decay, or 1 for a parameter without weight decay.
+__device__ __forceinline__ void adamw_update(float g, float& p, float& m, float& v, const Coefficients& c,
+                                             float decay) {
+  p *= decay;
   m = c.beta1 * m + c.one_minus_beta1 * g;
   v = c.beta2 * v + c.one_minus_beta2 * g * g;
   p -= c.step_size * m / (sqrtf(v) / c.bias_correction2_sqrt + c.eps);
@@ -115,7 +117,7 @@ __global__ void __launch_bounds__(kThreads)
         V pv = V::load_stream(p + 4 * i), mv = V::load_stream(m + 4 * i), vv = V::load_stream(v + 4 * i);
         const V gv = V::load_stream(g + 4 * i);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) adamw_update(gv.v[j], pv.v[j], mv.v[j], vv.v[j], c);
+        for (int j = 0; j < 4; ++j) adamw_update(gv.v[j], pv.v[j], mv.v[j], vv.v[j], c, c.decay);
         pv.store(p + 4 * i);
         mv.store(m + 4 * i);
         vv.store(v + 4 * i);
@@ -124,7 +126,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     for (int i = scalar_from + threadIdx.x; i < chunk.length; i += blockDim.x) {
       float pi = p[i], mi = m[i], vi = v[i];
-      adamw_update(g[i], pi, mi, vi, c);
+      adamw_update(g[i], pi, mi, vi, c, c.decay);
       p[i] = pi;
       m[i] = mi;
       v[i] = vi;
@@ -174,14 +176,15 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // One tile of kTrainerTile parameters a block, 4 a thread, tiles back to front; launched as a
-// programmatic dependent of the check.
+// programmatic dependent of the check. Elements below decay_end take weight decay (a multiple of 8:
+// a thread's 4 are all below it or all above).
 constexpr int kTrainerElements = 4;
 constexpr int kTrainerTile = kTrainerElements * kThreads;
 
 template <class T, bool kMaster>
 __global__ void __launch_bounds__(kThreads)
     adamw_trainer_kernel(T* __restrict__ params, const T* __restrict__ grads, float* __restrict__ master,
-                         float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq, size_t elements,
+                         float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq, size_t elements, size_t decay_end,
                          TrainerState* __restrict__ state, float inv_scale) {
   wait_for_prior_grid();  // the check's verdict, step count and scalars
   const bool skip = state->verdict != 0;
@@ -206,10 +209,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < kTrainerElements; ++j) p[j] = to_float(pv.v[j]);
   }
+  const float decay = e < decay_end ? c.decay : 1.f;
   VT out;
 #pragma unroll
   for (int j = 0; j < kTrainerElements; ++j) {
-    adamw_update(to_float(g.v[j]) * inv_scale, p[j], m.v[j], v.v[j], c);
+    adamw_update(to_float(g.v[j]) * inv_scale, p[j], m.v[j], v.v[j], c, decay);
     out.v[j] = from_float<T>(p[j]);
   }
   out.store(params + e);
@@ -252,8 +256,8 @@ int check_grid() {
 
 template <class T, bool kMaster>
 void trainer_step_typed(T* params, const T* grads, float* master, float* exp_avg, float* exp_avg_sq, size_t elements,
-                        int* flags, int flag_count, TrainerState* state, const AdamWOptions& options, float inv_scale,
-                        cudaStream_t stream) {
+                        size_t decay_end, int* flags, int flag_count, TrainerState* state, const AdamWOptions& options,
+                        float inv_scale, cudaStream_t stream) {
   const size_t vectors = elements / (16 / sizeof(T));
   adamw_gradient_check_kernel<T><<<flag_count, kThreads, 0, stream>>>(grads, vectors, flags, state, options);
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
@@ -261,7 +265,7 @@ void trainer_step_typed(T* params, const T* grads, float* master, float* exp_avg
   const size_t tiles = std::max<size_t>((elements + kTrainerTile - 1) / kTrainerTile, 1);
   if (tiles > static_cast<size_t>(INT_MAX)) throw std::invalid_argument("adamw trainer: too many parameters");
   launch_after_prior(adamw_trainer_kernel<T, kMaster>, dim3(static_cast<unsigned>(tiles)), dim3(kThreads), 0, stream,
-                     params, grads, master, exp_avg, exp_avg_sq, elements, state, inv_scale);
+                     params, grads, master, exp_avg, exp_avg_sq, elements, decay_end, state, inv_scale);
 }
 
 }  // namespace
@@ -336,12 +340,18 @@ void adamw_step(const AdamWTensorList& list, const AdamWOptions& options, int64_
 
 // ---- The mixed-precision trainer
 
-AdamWTrainer::AdamWTrainer(DType dtype, const std::vector<size_t>& sizes, bool master_weights)
-    : dtype_(dtype), sizes_(sizes) {
+AdamWTrainer::AdamWTrainer(DType dtype, const std::vector<size_t>& sizes, bool master_weights, size_t decayed_tensors)
+    : dtype_(dtype), sizes_(sizes), decayed_tensors_(decayed_tensors == kAllTensors ? sizes.size() : decayed_tensors) {
   if (dtype == DType::f32) {
     throw std::invalid_argument("adamw trainer: parameters must be fp16 or bf16 (fp32 tensors: adamw_step)");
   }
+  if (decayed_tensors_ > sizes.size()) {
+    throw std::invalid_argument("adamw trainer: " + std::to_string(decayed_tensors) + " decayed tensors of " +
+                                std::to_string(sizes.size()));
+  }
+  // 8 elements of 16 bits: every offset a multiple of 8, which the update's one compare relies on.
   layout_ = flat_layout(sizes, 16 / dtype_size(dtype));
+  decay_end_ = decayed_tensors_ < sizes.size() ? layout_.offsets[decayed_tensors_] : layout_.elements;
   check_blocks_ = dispatch_16bit_dtype(dtype, "adamw trainer", [](auto type) {
     using T = typename decltype(type)::type;
     return check_grid<T>();
@@ -406,11 +416,11 @@ void AdamWTrainer::step(const AdamWOptions& options, float loss_scale, cudaStrea
     auto* p = static_cast<T*>(parameters_);
     const auto* g = static_cast<const T*>(gradients_);
     if (master_) {
-      trainer_step_typed<T, true>(p, g, master_, exp_avg_, exp_avg_sq_, layout_.elements, flags_, check_blocks_,
-                                  static_cast<TrainerState*>(state_), options, inv_scale, stream);
+      trainer_step_typed<T, true>(p, g, master_, exp_avg_, exp_avg_sq_, layout_.elements, decay_end_, flags_,
+                                  check_blocks_, static_cast<TrainerState*>(state_), options, inv_scale, stream);
     } else {
-      trainer_step_typed<T, false>(p, g, nullptr, exp_avg_, exp_avg_sq_, layout_.elements, flags_, check_blocks_,
-                                   static_cast<TrainerState*>(state_), options, inv_scale, stream);
+      trainer_step_typed<T, false>(p, g, nullptr, exp_avg_, exp_avg_sq_, layout_.elements, decay_end_, flags_,
+                                   check_blocks_, static_cast<TrainerState*>(state_), options, inv_scale, stream);
     }
   });
 }

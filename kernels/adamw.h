@@ -19,6 +19,13 @@
 // (parameters, moments and the step count unchanged), decided on the device without a host sync.
 // With master weights the update runs on an fp32 copy and writes the parameters rounded to their
 // type; without, it runs in fp32 registers from the 16-bit parameters.
+//
+// Per-parameter weight decay (BERT's recipe decays weights, not biases and LayerNorm parameters):
+// the first `decayed_tensors` tensors of `sizes` take weight_decay, the rest are updated as with
+// weight_decay = 0 (p * 1, exactly). The caller orders its tensors so that those that decay come
+// first (models/bert_parameters.h does). The update compares each element's flat index with the
+// offset where tensor `decayed_tensors` starts: offsets are multiples of 8 elements and a thread
+// owns 4 consecutive ones from a multiple of 4, so a thread's elements lie on one side of it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -84,8 +91,13 @@ void adamw_step(const AdamWTensorList& list, const AdamWOptions& options, int64_
 
 class AdamWTrainer {
  public:
-  // dtype: f16 or bf16; sizes: element counts of the tensors. Allocates the flat buffers, zeroed.
-  AdamWTrainer(DType dtype, const std::vector<size_t>& sizes, bool master_weights);
+  static constexpr size_t kAllTensors = static_cast<size_t>(-1);
+
+  // dtype: f16 or bf16; sizes: element counts of the tensors; decayed_tensors: how many of them,
+  // from the first, take weight decay (kAllTensors: all). Allocates the flat buffers, zeroed.
+  // Throws std::invalid_argument for fp32 or decayed_tensors > sizes.size() (other than kAllTensors).
+  AdamWTrainer(DType dtype, const std::vector<size_t>& sizes, bool master_weights,
+               size_t decayed_tensors = kAllTensors);
   ~AdamWTrainer();
   AdamWTrainer(const AdamWTrainer&) = delete;
   AdamWTrainer& operator=(const AdamWTrainer&) = delete;
@@ -96,6 +108,10 @@ class AdamWTrainer {
   size_t size(size_t tensor) const { return sizes_.at(tensor); }
   size_t offset(size_t tensor) const { return layout_.offsets.at(tensor); }  // elements into the flat buffers
   size_t flat_elements() const { return layout_.elements; }
+  size_t decayed_tensors() const { return decayed_tensors_; }  // sizes.size() where all decay
+  // Elements of the flat buffers below which weight decay applies: offset(decayed_tensors()), or
+  // flat_elements() where all tensors decay.
+  size_t decay_end() const { return decay_end_; }
 
   // Flat buffers of flat_elements(): parameters and gradients of dtype(), the rest float.
   void* parameters() const { return parameters_; }
@@ -122,6 +138,8 @@ class AdamWTrainer {
   DType dtype_;
   std::vector<size_t> sizes_;
   FlatLayout layout_;
+  size_t decayed_tensors_ = 0;
+  size_t decay_end_ = 0;
   void* parameters_ = nullptr;
   void* gradients_ = nullptr;
   float* master_ = nullptr;

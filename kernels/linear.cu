@@ -2,15 +2,17 @@
 // the GELU backward path): LinearContext's plans, scratch buffers and the GEMM calls, and the choice
 // of the skinny kernels (detail/skinny_linear.h) where cuBLASLt would run its align-1 kernels.
 //
-// Design: a plan per (sizes, transposes, dtype, epilogue, pointer alignment), made on first use; the
-// candidates of cuBLASLt's heuristic are timed once then, on the call's own operands, because its
-// first choice can run a fused epilogue as a separate pass (LinearContext::fastest).
+// Design: a plan per (sizes, transposes, dtype, epilogue, pointer alignment, accumulation), made on
+// first use; the candidates of cuBLASLt's heuristic are timed once then, on the call's own operands
+// (an accumulating GEMM: into a temporary D), because its first choice can run a fused epilogue as
+// a separate pass (LinearContext::fastest).
 #include "kernels/linear.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -39,6 +41,16 @@ unsigned alignment_of(const void* p) {
   const auto address = reinterpret_cast<uintptr_t>(p);
   if (address == 0) return 16;
   return static_cast<unsigned>(std::min<uintptr_t>(address & (~address + 1), 16));
+}
+
+// dW^T [K, N] (+)= x^T [K, M] dy [M, N]: A = x, stored K x M; B = dy, stored N x M (op T). BGRADB sums
+// op(B) over the GEMM's k (= M): db = sum_rows(dy), N elements, one per column of D.
+void weight_gradient_gemm(LinearContext& context, DType dtype, const LinearShape& shape, const void* dy, const void* x,
+                          void* dweight, void* dbias, bool accumulate, cudaStream_t stream) {
+  context.run(
+      {dtype, false, true, shape.in_stride(), shape.out_stride(), shape.rows,
+       dbias ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT, x, dy, dweight, dbias, nullptr, accumulate},
+      stream);
 }
 
 template <class T>
@@ -132,22 +144,38 @@ void* LinearContext::scratch(int slot, size_t bytes) {
 // The heuristic's first choice is not always the fastest: for some epilogues (BGRADB, DGELU_BGRAD)
 // it can pick an algorithm that runs the epilogue as a separate pass over D, several times slower
 // than one that fuses it (measured on the H100: 186 us against a GEMM of 55 us). So the candidates
-// are timed once, when the plan is made, on the call's own operands (every GEMM here writes D and
-// its epilogue outputs with beta = 0, so running one several times changes nothing), and the
-// fastest is kept. A stream being captured into a graph cannot synchronize: there the heuristic's
-// first choice stands.
+// are timed once, when the plan is made, on the call's own operands, and the fastest is kept. A
+// GEMM with beta = 0 writes D and its epilogue outputs from A and B alone, so running it several
+// times changes nothing. An accumulating one (beta = 1, C = D) would add into D once per run: its
+// candidates run into a temporary D of the same size (zeroed, freed afterwards) with beta = 1, the
+// same work; its bias gradient, an output only, is written again by the call itself. Where that
+// temporary cannot be allocated, or the stream is being captured into a graph (which cannot
+// synchronize), the heuristic's first choice stands.
 cublasLtMatmulAlgo_t LinearContext::fastest(const Plan& plan, const Gemm& g,
                                             const cublasLtMatmulHeuristicResult_t* results, int count,
                                             cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   FUSEKIT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (count == 1 || capture != cudaStreamCaptureStatusNone) return results[0].algo;
+  void* d = g.d;
+  std::unique_ptr<void, cudaError_t (*)(void*)> temporary(nullptr, cudaFree);
+  if (g.accumulate) {
+    const size_t bytes = static_cast<size_t>(g.m) * g.n * dtype_size(g.dtype);
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the failed allocation: not an error of this call
+      return results[0].algo;
+    }
+    temporary.reset(p);
+    FUSEKIT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream));
+    d = p;
+  }
   cudaEvent_t start = nullptr, stop = nullptr;
   FUSEKIT_CUDA_CHECK(cudaEventCreate(&start));
   FUSEKIT_CUDA_CHECK(cudaEventCreate(&stop));
-  const float alpha = 1.f, beta = 0.f;
+  const float alpha = 1.f, beta = g.accumulate ? 1.f : 0.f;
   auto launch = [&](const cublasLtMatmulAlgo_t& algo) {
-    return cublasLtMatmul(handle_, plan.desc, &alpha, g.a, plan.a, g.b, plan.b, &beta, g.d, plan.d, g.d, plan.d, &algo,
+    return cublasLtMatmul(handle_, plan.desc, &alpha, g.a, plan.a, g.b, plan.b, &beta, d, plan.d, d, plan.d, &algo,
                           workspace_, kWorkspaceBytes, stream);
   };
   int best = 0;
@@ -169,7 +197,7 @@ cublasLtMatmulAlgo_t LinearContext::fastest(const Plan& plan, const Gemm& g,
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  return results[best].algo;
+  return results[best].algo;  // the temporary is freed here, after the timed runs finished (cudaFree waits)
 }
 
 void LinearContext::run(const Gemm& g, cudaStream_t stream) {
@@ -177,7 +205,7 @@ void LinearContext::run(const Gemm& g, cudaStream_t stream) {
   const unsigned alignment =
       std::min({alignment_of(g.a), alignment_of(g.b), alignment_of(g.d), alignment_of(g.bias), alignment_of(g.aux)});
   const Key key{static_cast<int>(g.dtype),    g.transpose_a, g.transpose_b, g.m, g.n, g.k,
-                static_cast<int>(g.epilogue), alignment};
+                static_cast<int>(g.epilogue), alignment,     g.accumulate};
   auto found = plans_.find(key);
   if (found == plans_.end()) {
     Plan plan;
@@ -230,7 +258,8 @@ void LinearContext::run(const Gemm& g, cudaStream_t stream) {
   const Plan& plan = found->second;
   if (g.bias) set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
   if (epilogue_has_aux(g.epilogue)) set_attribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
-  const float alpha = 1.f, beta = 0.f;
+  // C = D with D's layout: in place where accumulating, not read where beta = 0.
+  const float alpha = 1.f, beta = g.accumulate ? 1.f : 0.f;
   const cublasStatus_t status = cublasLtMatmul(handle_, plan.desc, &alpha, g.a, plan.a, g.b, plan.b, &beta, g.d, plan.d,
                                                g.d, plan.d, &plan.algo, workspace_, kWorkspaceBytes, stream);
   if (status != CUBLAS_STATUS_SUCCESS) {
@@ -257,7 +286,7 @@ void linear_forward(LinearContext& context, DType dtype, LinearEpilogue epilogue
   // y^T [N, M] = W [N, K] x^T [K, M]: A = W, stored K x N (op T); B = x, stored K x M.
   context.run({dtype, true, false, shape.out_stride(), shape.rows, shape.in_stride(),
                gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS, weight, x, y, const_cast<void*>(bias),
-               gelu ? pre : nullptr},
+               gelu ? pre : nullptr, false},
               stream);
 }
 
@@ -269,17 +298,20 @@ void linear_backward(LinearContext& context, DType dtype, const LinearShape& sha
     skinny_linear_backward(context, dtype, skinny_extents(shape), dy, x, weight, dx, dweight, dbias, stream);
     return;
   }
-  // dW^T [K, N] = x^T [K, M] dy [M, N]: A = x, stored K x M; B = dy, stored N x M (op T). BGRADB sums
-  // op(B) over the GEMM's k (= M): db = sum_rows(dy), N elements, one per column of D.
-  context.run({dtype, false, true, shape.in_stride(), shape.out_stride(), shape.rows,
-               dbias ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT, x, dy, dweight, dbias, nullptr},
-              stream);
+  weight_gradient_gemm(context, dtype, shape, dy, x, dweight, dbias, false, stream);
   if (dx) {
     // dx^T [K, M] = W^T [K, N] dy^T [N, M]: A = W, stored K x N; B = dy, stored N x M.
     context.run({dtype, false, false, shape.in_stride(), shape.rows, shape.out_stride(), CUBLASLT_EPILOGUE_DEFAULT,
-                 weight, dy, dx, nullptr, nullptr},
+                 weight, dy, dx, nullptr, nullptr, false},
                 stream);
   }
+}
+
+void linear_weight_gradient(LinearContext& context, DType dtype, const LinearShape& shape, const void* dy,
+                            const void* x, void* dweight, void* dbias, bool accumulate, cudaStream_t stream) {
+  check_shape(shape);
+  check_operands({dy, x, dweight});
+  weight_gradient_gemm(context, dtype, shape, dy, x, dweight, dbias, accumulate, stream);  // any shape: see linear.h
 }
 
 void pack_qkv_projection(DType dtype, int hidden, int in_features, const void* const weights[3],
@@ -314,7 +346,7 @@ void linear_gelu_backward_input(LinearContext& context, DType dtype, const Linea
     const void* zeros = context.scratch(1, columns * dtype_size(dtype));  // never written: stays zero
     void* workspace = context.scratch(2, bias_gelu_backward_workspace_bytes(rows, columns));
     context.run({dtype, false, false, columns, rows, next.out_stride(), CUBLASLT_EPILOGUE_DEFAULT, weight_next, dz, dy,
-                 nullptr, nullptr},
+                 nullptr, nullptr, false},
                 stream);
     bias_gelu_backward(dtype, GeluApproximation::tanh, dy, pre, zeros, dpre, dbias, rows, columns, workspace, stream);
     return;
@@ -322,7 +354,7 @@ void linear_gelu_backward_input(LinearContext& context, DType dtype, const Linea
   // next's input gradient, dpre^T [N, M] = W2^T [N, N2] dz^T [N2, M], with gelu'(pre) applied to D and
   // D's row sums (over M) written to dbias: DGELU_BGRAD, pre as the aux input (ld N, like D).
   context.run({dtype, false, false, next.in_stride(), next.rows, next.out_stride(), CUBLASLT_EPILOGUE_DGELU_BGRAD,
-               weight_next, dz, dpre, dbias, const_cast<void*>(pre)},
+               weight_next, dz, dpre, dbias, const_cast<void*>(pre), false},
               stream);
 }
 

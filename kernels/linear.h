@@ -4,6 +4,7 @@
 //   forward, bias:       y = x W^T + b
 //   forward, bias_gelu:  pre = x W^T + b,  y = gelu(pre)     (pre written too: the backward's input)
 //   backward, bias:      dx = dy W,  dW = dy^T x,  db = sum_rows(dy)   (db fused into the dW GEMM: BGRADB)
+//   weight gradient:     dW = dW + dy^T x (accumulate) or dy^T x,  db = sum_rows(dy)   (linear_weight_gradient)
 //   gelu:                gelu(z) = z/2 (1 + tanh(k (z + a z^3))), k = sqrt(2/pi), a = 0.044715: the tanh
 //                        form, which is what cuBLASLt's GELU epilogues compute (PyTorch approximate="tanh")
 //
@@ -50,10 +51,22 @@
 // take them too (over the padded extents). bias_gelu keeps cuBLASLt (it needs N % 8 == 0 or padding
 // anyway).
 //
+// Accumulating weight gradients (linear_weight_gradient): a weight used twice gets the sum of its two
+// gradients, e.g. the MLM decoder tied to the word embeddings adds dy^T x into the gradient the
+// embedding backward wrote. The GEMM runs with beta = 1 and C = D (in place): D = D + dy^T x in
+// float, rounded once to the storage type. The bias gradient is always overwritten (cuBLASLt's
+// BGRADB epilogue writes it; it has no accumulating form), which is what a tied weight with an
+// untied bias needs. Always cuBLASLt: the shapes that linear_backward gives to the skinny kernels
+// below (Swin's) run cuBLASLt's align-1 kernels here, correct and slower; no layer that accumulates
+// has such a shape, so there is no skinny accumulating path.
+//
 // LinearContext owns the cuBLASLt handle, a 32 MiB workspace and a plan per (sizes, transposes,
-// dtype, epilogue, pointer alignment): descriptors and the heuristic's algorithm, made on first use.
-// Repeated calls set only the pointers; nothing is allocated per call. One context per device; it is
-// not thread-safe.
+// dtype, epilogue, pointer alignment, accumulation): descriptors and the algorithm, made on first use.
+// The algorithm is the fastest of the heuristic's candidates, timed once on the call's own operands;
+// an accumulating plan's candidates are timed into a temporary D (running them on the call's D would
+// add into it several times), and where that cannot be allocated, or the stream is being captured,
+// the heuristic's first choice stands (linear.cu, LinearContext::fastest). Repeated calls set only
+// the pointers; nothing is allocated per call. One context per device; it is not thread-safe.
 #pragma once
 
 #include <cublasLt.h>
@@ -93,7 +106,8 @@ class LinearContext {
   LinearContext(const LinearContext&) = delete;
   LinearContext& operator=(const LinearContext&) = delete;
 
-  // Internal: one GEMM D = op(A) op(B) with an epilogue, column-major, through a cached plan.
+  // Internal: one GEMM D = op(A) op(B) (+ D where accumulating) with an epilogue, column-major,
+  // through a cached plan.
   struct Gemm {
     DType dtype;
     bool transpose_a, transpose_b;
@@ -101,8 +115,9 @@ class LinearContext {
     cublasLtEpilogue_t epilogue;
     const void *a, *b;
     void* d;
-    void* bias;  // bias (input) or bias gradient (output), or null
-    void* aux;   // GELU pre-activation (output of GELU_AUX_BIAS, input of DGELU_BGRAD), or null
+    void* bias;       // bias (input) or bias gradient (output), or null
+    void* aux;        // GELU pre-activation (output of GELU_AUX_BIAS, input of DGELU_BGRAD), or null
+    bool accumulate;  // beta = 1 with C = D: D = op(A) op(B) + D; else beta = 0 (D is not read)
   };
   void run(const Gemm& gemm, cudaStream_t stream);
 
@@ -120,8 +135,8 @@ class LinearContext {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  using Key = std::tuple<int, bool, bool, int, int, int, int, unsigned>;  // ..., alignment
-  static constexpr int kCandidates = 8;                                   // heuristic results timed when a plan is made
+  using Key = std::tuple<int, bool, bool, int, int, int, int, unsigned, bool>;  // ..., alignment, accumulate
+  static constexpr int kCandidates = 8;  // heuristic results timed when a plan is made
 
   cublasLtMatmulAlgo_t fastest(const Plan& plan, const Gemm& g, const cublasLtMatmulHeuristicResult_t* results,
                                int count, cudaStream_t stream);
@@ -141,6 +156,14 @@ void linear_forward(LinearContext& context, DType dtype, LinearEpilogue epilogue
 // computed, e.g. after linear_gelu_backward_input made it).
 void linear_backward(LinearContext& context, DType dtype, const LinearShape& shape, const void* dy, const void* x,
                      const void* weight, void* dx, void* dweight, void* dbias, cudaStream_t stream);
+
+// The weight gradient alone (see "Accumulating weight gradients" above): dweight [N, K] = dy^T x, or
+// with accumulate dweight += dy^T x; dbias [N] = sum_rows(dy), always overwritten (null: not
+// computed). dy: [M, N], x: [M, K]. Padded shapes: the operands' pad columns zero, as everywhere
+// here; accumulating adds zero to dweight's pad entries. Throws std::invalid_argument for sizes <= 0
+// or a null dy, x or dweight.
+void linear_weight_gradient(LinearContext& context, DType dtype, const LinearShape& shape, const void* dy,
+                            const void* x, void* dweight, void* dbias, bool accumulate, cudaStream_t stream);
 
 // The gradient through the GELU of the layer before `next`, fused into next's input-gradient GEMM:
 // dpre = gelu'(pre) * (dz W_next), dbias = sum_rows(dpre). next = M x N2 x N; dz: [M, N2];

@@ -13,7 +13,8 @@
 //
 // The step: forward and backward on the loss times the loss scale, then AdamW (BertTrainOptions) on
 // the gradients divided by the scale, skipped where any gradient is inf or NaN. Weight decay applies
-// to the parameters whose BertParameter::decays is true (not to biases and LayerNorm parameters).
+// to the parameters whose BertParameter::decays is true (not to biases and LayerNorm parameters):
+// the layout's first decayed_parameters(), AdamWTrainer's decayed_tensors.
 //
 // NVTX ranges (profiler/range.h), the same names in every variant so that reports put their shares
 // side by side: "bert.step" around a step; inside it "bert.forward", "bert.backward" and

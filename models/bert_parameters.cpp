@@ -1,5 +1,6 @@
 #include "models/bert_parameters.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace fusekit::models {
@@ -45,6 +46,13 @@ BertParameterLayout::BertParameterLayout(const BertConfig& config, QkvLayout qkv
   add("cls.predictions.transform.LayerNorm.weight", {H}, false);
   add("cls.predictions.transform.LayerNorm.bias", {H}, false);
   add("cls.predictions.bias", {V}, false);
+  // Hugging Face's order above; the decaying parameters first, each group keeping it, then the offsets.
+  std::stable_partition(parameters_.begin(), parameters_.end(), [](const BertParameter& p) { return p.decays; });
+  for (BertParameter& p : parameters_) {
+    p.offset = flat_elements_;
+    flat_elements_ += (p.elements + alignment_ - 1) / alignment_ * alignment_;
+    decayed_parameters_ += p.decays ? 1 : 0;
+  }
 }
 
 void BertParameterLayout::add(std::string name, std::vector<int64_t> shape, bool decays) {
@@ -53,9 +61,7 @@ void BertParameterLayout::add(std::string name, std::vector<int64_t> shape, bool
   p.elements = 1;
   for (int64_t d : shape) p.elements *= static_cast<size_t>(d);
   p.shape = std::move(shape);
-  p.offset = flat_elements_;
   p.decays = decays;
-  flat_elements_ += (p.elements + alignment_ - 1) / alignment_ * alignment_;
   parameters_.push_back(std::move(p));
 }
 

@@ -6,6 +6,12 @@
 // elements; the padding is zeros), so vectorized kernels read every tensor with 16-byte loads and
 // the trainer updates all of them in one pass. parameter_sizes() gives the trainer its sizes.
 //
+// The order: every parameter that takes weight decay (BertParameter::decays: the Linear weights and
+// the three embedding tables) first, then every one that does not (biases and LayerNorm weights and
+// biases, BERT's recipe), each group in Hugging Face's order (embeddings, layers 0 .. L-1, head).
+// So the decaying parameters are one prefix of the flat buffer, which is what the trainer's weight
+// decay takes: AdamWTrainer(dtype, parameter_sizes(), master, decayed_parameters()).
+//
 // Two orders of the query, key and value projections:
 // - QkvLayout::separate: Hugging Face's own tensors (attention.self.query/key/value.{weight,bias}),
 //   the libtorch baseline's layout and the one a state dict is saved in.
@@ -66,6 +72,9 @@ class BertParameterLayout {
   // The number of trainable parameters (no padding): 109,514,298 for BERT-base.
   size_t parameter_count() const;
   std::vector<size_t> parameter_sizes() const;  // elements per parameter, in order (AdamWTrainer's sizes)
+  // The parameters that decay, all before any that does not (see above): parameters()[i].decays is
+  // true exactly for i < decayed_parameters(). AdamWTrainer's decayed_tensors.
+  size_t decayed_parameters() const { return decayed_parameters_; }
 
   // The parameter of this name, or null.
   const BertParameter* find(std::string_view name) const;
@@ -81,6 +90,7 @@ class BertParameterLayout {
   size_t alignment_;
   int hidden_;
   std::vector<BertParameter> parameters_;
+  size_t decayed_parameters_ = 0;
   size_t flat_elements_ = 0;
 };
 

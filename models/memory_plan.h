@@ -21,7 +21,8 @@
 // The embeddings save their LayerNorm output and statistics; the word/position/type sum is
 // recomputed from the tables by the backward (kernels/embedding_layernorm.h).
 // The MLM head runs on the M masked rows only, gathered (M = batch x max_masked_per_sequence;
-// models/mlm_data.h's gathered_rows pads a batch's rows to M with ignored labels): gathered,
+// models/mlm_data.h's gathered_rows pads a batch's rows to M with distinct unmasked positions and
+// ignored labels, so that kernels/gather_rows.h's scatter back has distinct indices): gathered,
 // dense, gelu and layernorm [M, H], logits [M, vocab] (the cross-entropy backward reads the logits
 // and the log-sum-exp: kernels/cross_entropy.h), losses and logsumexp [M] float, the mean loss and
 // the count of rows.

@@ -107,13 +107,27 @@ MlmBatch make_mlm_batch(const MlmDataOptions& o, uint64_t index) {
 }
 
 GatheredRows gathered_rows(const MlmBatch& batch, int rows) {
-  if (rows < 0 || static_cast<size_t>(rows) < batch.masked_positions.size()) {
+  const size_t tokens = static_cast<size_t>(batch.batch) * batch.sequence;
+  if (rows < 0 || static_cast<size_t>(rows) > tokens) {
+    throw std::invalid_argument("mlm data: " + std::to_string(rows) + " rows planned, but a batch of " +
+                                std::to_string(batch.batch) + " x " + std::to_string(batch.sequence) + " has " +
+                                std::to_string(tokens) + " positions");
+  }
+  if (static_cast<size_t>(rows) < batch.masked_positions.size()) {
     throw std::invalid_argument("mlm data: the batch has " + std::to_string(batch.masked_positions.size()) +
                                 " masked positions, more than the " + std::to_string(rows) + " rows planned");
   }
   GatheredRows out{batch.masked_positions, batch.masked_labels};
-  out.positions.resize(rows, 0);
-  out.labels.resize(rows, kIgnoreLabel);
+  out.positions.reserve(rows);
+  out.labels.reserve(rows);
+  std::vector<bool> masked(tokens, false);
+  for (int32_t t : batch.masked_positions) masked.at(static_cast<size_t>(t)) = true;
+  // rows - masked padding positions exist among the tokens - masked unmasked ones (rows <= tokens).
+  for (size_t t = 0; out.positions.size() < static_cast<size_t>(rows); ++t) {
+    if (masked[t]) continue;
+    out.positions.push_back(static_cast<int32_t>(t));
+    out.labels.push_back(kIgnoreLabel);
+  }
   return out;
 }
 

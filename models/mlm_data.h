@@ -71,9 +71,13 @@ int max_masked_per_sequence(int sequence, double mask_probability = 0.15);
 
 // The masked rows padded to a fixed count, for a step whose shapes do not change from batch to
 // batch (buffers planned once, a CUDA graph): the MLM head gathers `rows` rows, the batch's masked
-// positions and then position 0 again, and the padding rows get label -100, so the cross-entropy
-// ignores them (they count neither in the mean nor in any gradient). Throws std::invalid_argument
-// when the batch has more masked positions than `rows`.
+// positions (ascending) and then, as padding, the lowest flat positions that are not masked
+// (ascending), with label -100, so the cross-entropy ignores them (they count neither in the mean
+// nor in any gradient). Every position appears at most once: the gather's backward
+// (kernels/gather_rows.h) scatters rather than sums, so its indices must be distinct. The planned
+// count batch x max_masked_per_sequence(sequence) never exceeds the batch's batch x sequence
+// positions; throws std::invalid_argument when `rows` does (or is negative), or when the batch has
+// more masked positions than `rows`.
 struct GatheredRows {
   std::vector<int32_t> positions;  // [rows]: flat token indices b * sequence + s
   std::vector<int64_t> labels;     // [rows]

@@ -74,6 +74,25 @@ LinearBackward linear_backward(const std::vector<double>& dy, const std::vector<
   return out;
 }
 
+LinearBackward linear_weight_gradient(const std::vector<double>& dy, const std::vector<double>& x,
+                                      const std::vector<double>& dweight_in, int rows, int out_features,
+                                      int in_features) {
+  LinearBackward out;
+  out.dweight =
+      dweight_in.empty() ? std::vector<double>(static_cast<size_t>(out_features) * in_features, 0.0) : dweight_in;
+  out.dbias.assign(out_features, 0.0);
+  for (int r = 0; r < rows; ++r) {
+    const double* x_row = x.data() + static_cast<size_t>(r) * in_features;
+    for (int n = 0; n < out_features; ++n) {
+      const double g = dy[static_cast<size_t>(r) * out_features + n];
+      out.dbias[n] += g;
+      double* dw_row = out.dweight.data() + static_cast<size_t>(n) * in_features;
+      for (int k = 0; k < in_features; ++k) dw_row[k] += g * x_row[k];
+    }
+  }
+  return out;
+}
+
 GeluBackwardInput linear_gelu_backward_input(const std::vector<double>& dz, const std::vector<double>& weight_next,
                                              const std::vector<double>& pre, int rows, int next_features,
                                              int features) {

@@ -26,6 +26,13 @@ struct LinearBackward {
 LinearBackward linear_backward(const std::vector<double>& dy, const std::vector<double>& x,
                                const std::vector<double>& weight, int rows, int out_features, int in_features);
 
+// linear_weight_gradient's: dweight = dweight_in + dy^T x (dweight_in empty: dy^T x alone, no
+// accumulation), dbias = sum_rows(dy); dx is left empty. Computes dy^T x only, not dx, so that
+// vocabulary-sized layers stay cheap.
+LinearBackward linear_weight_gradient(const std::vector<double>& dy, const std::vector<double>& x,
+                                      const std::vector<double>& dweight_in, int rows, int out_features,
+                                      int in_features);
+
 struct GeluBackwardInput {
   std::vector<double> dpre, dbias;
 };

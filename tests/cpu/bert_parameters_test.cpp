@@ -1,8 +1,10 @@
-// BERT MLM's parameter list: Hugging Face's names and shapes, the exact count, the flat layout's
-// alignment, and the packed QKV rows.
+// BERT MLM's parameter list: Hugging Face's names and shapes, the exact count, the decaying
+// parameters first, the flat layout's alignment, and the packed QKV rows.
 #include <gtest/gtest.h>
 
 #include <set>
+#include <string>
+#include <vector>
 
 #include "models/bert_parameters.h"
 
@@ -64,6 +66,53 @@ TEST(BertParameters, HuggingFaceNamesAndShapes) {
   EXPECT_TRUE(layout.parameters()[layout.index("bert.embeddings.word_embeddings.weight")].decays);
   EXPECT_FALSE(layout.parameters()[layout.index("bert.encoder.layer.0.output.LayerNorm.weight")].decays);
   EXPECT_FALSE(layout.parameters()[layout.index("cls.predictions.bias")].decays);
+}
+
+// AdamWTrainer decays a prefix of the tensors: every decaying parameter comes before every other one,
+// each group in Hugging Face's order, and decayed_parameters() is the length of the first group.
+TEST(BertParameters, DecayingParametersComeFirstInHuggingFacesOrder) {
+  const BertParameterLayout tiny(bert_preset("bert-tiny"), QkvLayout::packed, kernels::DType::f16);
+  std::vector<std::string> decaying = {"bert.embeddings.word_embeddings.weight",
+                                       "bert.embeddings.position_embeddings.weight",
+                                       "bert.embeddings.token_type_embeddings.weight"};
+  std::vector<std::string> others = {"bert.embeddings.LayerNorm.weight", "bert.embeddings.LayerNorm.bias"};
+  for (int l = 0; l < 2; ++l) {
+    for (const char* suffix : {"attention.self.qkv.weight", "attention.output.dense.weight",
+                               "intermediate.dense.weight", "output.dense.weight"}) {
+      decaying.push_back(bert_layer_name(l, suffix));
+    }
+    for (const char* suffix :
+         {"attention.self.qkv.bias", "attention.output.dense.bias", "attention.output.LayerNorm.weight",
+          "attention.output.LayerNorm.bias", "intermediate.dense.bias", "output.dense.bias", "output.LayerNorm.weight",
+          "output.LayerNorm.bias"}) {
+      others.push_back(bert_layer_name(l, suffix));
+    }
+  }
+  decaying.push_back("cls.predictions.transform.dense.weight");
+  for (const char* name : {"cls.predictions.transform.dense.bias", "cls.predictions.transform.LayerNorm.weight",
+                           "cls.predictions.transform.LayerNorm.bias", "cls.predictions.bias"}) {
+    others.push_back(name);
+  }
+  std::vector<std::string> expected = decaying;
+  expected.insert(expected.end(), others.begin(), others.end());
+  std::vector<std::string> names;
+  for (const BertParameter& p : tiny.parameters()) names.push_back(p.name);
+  EXPECT_EQ(names, expected);
+  EXPECT_EQ(tiny.decayed_parameters(), decaying.size());
+
+  // BERT-base, both QKV layouts: decays exactly below decayed_parameters(). Decaying elements: the
+  // embeddings 23,835,648, per layer 4 x 768^2 + 2 x 768 x 3072 = 7,077,888, the head's dense 589,824.
+  for (QkvLayout qkv : {QkvLayout::separate, QkvLayout::packed}) {
+    const BertParameterLayout layout(bert_preset("bert-base"), qkv, kernels::DType::bf16);
+    EXPECT_EQ(layout.decayed_parameters(), qkv == QkvLayout::separate ? 3u + 12 * 6 + 1 : 3u + 12 * 4 + 1);
+    size_t decayed_elements = 0;
+    for (size_t i = 0; i < layout.parameters().size(); ++i) {
+      EXPECT_EQ(layout.parameters()[i].decays, i < layout.decayed_parameters()) << layout.parameters()[i].name;
+      if (layout.parameters()[i].decays) decayed_elements += layout.parameters()[i].elements;
+    }
+    EXPECT_EQ(decayed_elements, 23835648u + 12 * 7077888u + 589824u);
+    EXPECT_EQ(layout.parameter_count() - decayed_elements, 154170u);  // biases and LayerNorms
+  }
 }
 
 TEST(BertParameters, FlatLayoutIsAlignedAndDisjoint) {

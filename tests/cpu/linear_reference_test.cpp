@@ -1,6 +1,7 @@
 // The float64 reference of the linear layer, with no GPU: the tanh-form GELU and its derivative
 // against central finite differences, and every gradient of the reference (dx, dW, db; dpre and db
-// through the GELU of an FFN's first layer) against central finite differences of its forward.
+// through the GELU of an FFN's first layer) against central finite differences of its forward; the
+// weight gradient alone, accumulated and not.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -64,6 +65,24 @@ TEST(LinearReference, BackwardMatchesFiniteDifferences) {
   expect_close(grad.dx, finite_differences(x, loss), "dx");
   expect_close(grad.dweight, finite_differences(w, loss), "dweight");
   expect_close(grad.dbias, finite_differences(b, loss), "dbias");
+}
+
+// The weight gradient alone: linear_backward's dW and db, plus what dweight held where accumulating.
+TEST(LinearReference, WeightGradientIsTheBackwardsPlusWhatWasThere) {
+  std::mt19937_64 rng(std::random_device{}());
+  const int rows = 5, n = 7, k = 3;
+  const std::vector<double> x = random_vector(rows * k, rng), w = random_vector(n * k, rng),
+                            dy = random_vector(rows * n, rng), before = random_vector(n * k, rng);
+  const reference::LinearBackward full = reference::linear_backward(dy, x, w, rows, n, k);
+  const reference::LinearBackward fresh = reference::linear_weight_gradient(dy, x, {}, rows, n, k);
+  expect_close(fresh.dweight, full.dweight, "dweight");
+  expect_close(fresh.dbias, full.dbias, "dbias");
+  EXPECT_TRUE(fresh.dx.empty());
+  const reference::LinearBackward added = reference::linear_weight_gradient(dy, x, before, rows, n, k);
+  std::vector<double> sum(before);
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] += full.dweight[i];
+  expect_close(added.dweight, sum, "dweight accumulated");
+  expect_close(added.dbias, full.dbias, "dbias (never accumulated)");
 }
 
 TEST(LinearReference, GeluBackwardInputMatchesFiniteDifferencesThroughTheNextLayer) {

@@ -4,8 +4,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <stdexcept>
 
 #include "models/mlm_data.h"
@@ -163,13 +165,36 @@ TEST(MlmData, GatheredRowsPadToThePlannedCount) {
     ASSERT_EQ(gathered.positions.size(), static_cast<size_t>(rows));
     ASSERT_EQ(gathered.labels.size(), static_cast<size_t>(rows));
     const size_t n = batch.masked_positions.size();
-    for (size_t i = 0; i < static_cast<size_t>(rows); ++i) {
-      EXPECT_EQ(gathered.positions[i], i < n ? batch.masked_positions[i] : 0);
-      EXPECT_EQ(gathered.labels[i], i < n ? batch.labels[batch.masked_positions[i]] : kIgnoreLabel);
+    ASSERT_LT(n, static_cast<size_t>(rows));  // padding to check (4 sequences rarely all reach 19 masks)
+    // The masked positions first, with their labels.
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_EQ(gathered.positions[i], batch.masked_positions[i]);
+      EXPECT_EQ(gathered.labels[i], batch.labels[batch.masked_positions[i]]);
     }
+    // Then the lowest unmasked positions, ascending, ignored: 0, 1, ... skipping masked ones.
+    int32_t expected = 0;
+    for (size_t i = n; i < static_cast<size_t>(rows); ++i) {
+      while (batch.labels[expected] != kIgnoreLabel) ++expected;
+      EXPECT_EQ(gathered.positions[i], expected) << i;
+      EXPECT_EQ(gathered.labels[i], kIgnoreLabel) << i;
+      ++expected;
+    }
+    // All distinct (the gather's backward scatters): as a set, as many as rows.
+    EXPECT_EQ(std::set<int32_t>(gathered.positions.begin(), gathered.positions.end()).size(),
+              static_cast<size_t>(rows));
   }
   const MlmBatch batch = make_mlm_batch(o, 0);
   EXPECT_THROW(gathered_rows(batch, static_cast<int>(batch.masked_positions.size()) - 1), std::invalid_argument);
+  EXPECT_THROW(gathered_rows(batch, -1), std::invalid_argument);
+  // Every position of the batch: masked ones first, then all the others; one more cannot be distinct.
+  const int tokens = o.batch * o.sequence;
+  const GatheredRows all = gathered_rows(batch, tokens);
+  EXPECT_EQ(std::set<int32_t>(all.positions.begin(), all.positions.end()).size(), static_cast<size_t>(tokens));
+  EXPECT_EQ(*std::max_element(all.positions.begin(), all.positions.end()), tokens - 1);
+  EXPECT_THROW(gathered_rows(batch, tokens + 1), std::invalid_argument);
+  // Exactly the masked positions: no padding.
+  const int masked = static_cast<int>(batch.masked_positions.size());
+  EXPECT_EQ(gathered_rows(batch, masked).positions, batch.masked_positions);
 }
 
 TEST(MlmData, RejectsBadOptions) {

@@ -1,10 +1,14 @@
 // AdamW against the float64 reference over 1, 2 and 10 steps with non-default hyperparameters and
 // fresh random gradients every step: the fp32 tensor-list step (sizes 1, 7, 31, 4097, 2^20 + 3,
 // some tensors or only their gradients off 16-byte alignment) and the fp16/bf16 trainer with and
-// without master weights, loss scales 1024 and 3000. The updates are in place, so there is nothing
-// to poison: instead every element is checked against the reference, and what no tensor owns (the
-// gaps between tensors, the trainer's padding) must be left as it was. A gradient with inf or NaN
-// anywhere must skip the trainer's step: every buffer bitwise unchanged and the step count too.
+// without master weights, loss scales 1024 and 3000, weight decay on all tensors or only on the
+// first 0, 2 or 4 of the 5 (the reference: decay off for the tail tensors). The updates are in
+// place, so there is nothing to poison: instead every element is checked against the reference, and
+// what no tensor owns (the gaps between tensors, the trainer's padding) must be left as it was. A
+// gradient with inf or NaN anywhere must skip the trainer's step: every buffer bitwise unchanged and
+// the step count too. With zero gradients and fresh moments a step is the weight decay alone, so
+// there the decayed prefix must be p x (1 - lr x weight_decay) and the rest unchanged, bit for bit,
+// for every boundary between tensors.
 //
 // The reference's state is rounded to the storage types after every step, as the kernels store
 // it, so the two differ only by float arithmetic: per step about an ulp of the stored value plus
@@ -13,10 +17,12 @@
 // misplaced eps, bias correction or weight decay moves many elements far outside those bounds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "device_buffers.h"
@@ -245,16 +251,32 @@ INSTANTIATE_TEST_SUITE_P(Steps, AdamWTensorListTest, ::testing::Values(1, 2, 10)
 
 // ---- The trainer
 
+// One reference step on elements [begin, end) of the concatenated tensors.
+void reference_step(std::vector<double>& p, const std::vector<double>& g, std::vector<double>& m,
+                    std::vector<double>& v, size_t begin, size_t end, const reference::AdamWOptions& options,
+                    int64_t step) {
+  auto slice = [&](const std::vector<double>& x) { return std::vector<double>(x.begin() + begin, x.begin() + end); };
+  std::vector<double> ps = slice(p), ms = slice(m), vs = slice(v);
+  reference::adamw_step(ps, slice(g), ms, vs, options, step);
+  std::copy(ps.begin(), ps.end(), p.begin() + begin);
+  std::copy(ms.begin(), ms.end(), m.begin() + begin);
+  std::copy(vs.begin(), vs.end(), v.begin() + begin);
+}
+
 // The reference of a trainer: its state per element of the concatenated tensors.
 struct TrainerReference {
   DType dtype;
   bool master;
   std::vector<double> p, master_p, m, v, magnitude;
   std::vector<double> peak;  // the largest |p| so far: a one-ulp divergence there lives on as |p| shrinks
+  size_t decayed;            // elements of the tensors that take weight decay, the first ones
 
   void step(const std::vector<double>& g, int64_t step) {
     std::vector<double>& updated = master ? master_p : p;
-    reference::adamw_step(updated, g, m, v, kReference, step);
+    reference::AdamWOptions no_decay = kReference;
+    no_decay.weight_decay = 0;
+    reference_step(updated, g, m, v, 0, decayed, kReference, step);
+    reference_step(updated, g, m, v, decayed, p.size(), no_decay, step);
     for (size_t e = 0; e < p.size(); ++e) {
       if (master) master_p[e] = round_to(master_p[e], DType::f32);
       p[e] = round_to(updated[e], dtype);
@@ -291,8 +313,17 @@ std::vector<double> upload_gradients(const AdamWTrainer& trainer, const std::vec
 TrainerReference initialize(AdamWTrainer& trainer, const std::vector<size_t>& at, std::mt19937_64& rng) {
   std::normal_distribution<double> normal(0.0, 1.0);
   const size_t n = at.size();
-  TrainerReference ref{trainer.dtype(),        trainer.master_weights(), std::vector<double>(n), {},
-                       std::vector<double>(n), std::vector<double>(n),   std::vector<double>(n), {}};
+  size_t decayed = 0;
+  for (size_t t = 0; t < trainer.decayed_tensors(); ++t) decayed += trainer.size(t);
+  TrainerReference ref{trainer.dtype(),
+                       trainer.master_weights(),
+                       std::vector<double>(n),
+                       {},
+                       std::vector<double>(n),
+                       std::vector<double>(n),
+                       std::vector<double>(n),
+                       {},
+                       decayed};
   std::vector<double> flat(trainer.flat_elements(), 0.0);
   for (size_t e = 0; e < n; ++e) flat[at[e]] = ref.p[e] = round_to(0.05 * normal(rng), trainer.dtype());
   ref.master_p = ref.p;
@@ -389,6 +420,7 @@ struct TrainerParam {
   DType dtype;
   bool master;
   int steps;
+  size_t decayed;  // tensors that take weight decay (AdamWTrainer::kAllTensors: all)
 };
 
 class AdamWTrainerTest : public ::testing::TestWithParam<TrainerParam> {};
@@ -399,8 +431,9 @@ TEST_P(AdamWTrainerTest, MatchesFloat64Reference) {
   // A power of two (unscaling exact) with master weights, not one without.
   const double loss_scale = param.master ? 1024 : 3000;
   std::mt19937_64 rng(std::random_device{}());
-  AdamWTrainer trainer(param.dtype, kSizes, param.master);
+  AdamWTrainer trainer(param.dtype, kSizes, param.master, param.decayed);
   expect_views(trainer);
+  EXPECT_EQ(trainer.decayed_tensors(), param.decayed == AdamWTrainer::kAllTensors ? kSizes.size() : param.decayed);
   const std::vector<size_t> at = element_offsets(trainer);
   TrainerReference ref = initialize(trainer, at, rng);
   const std::vector<double> p0 = ref.p;
@@ -414,15 +447,19 @@ TEST_P(AdamWTrainerTest, MatchesFloat64Reference) {
 }
 
 std::string trainer_name(const ::testing::TestParamInfo<TrainerParam>& info) {
-  return std::string(dtype_name(info.param.dtype)) + (info.param.master ? "_master_" : "_no_master_") +
-         std::to_string(info.param.steps) + "_steps";
+  const TrainerParam& p = info.param;
+  return std::string(dtype_name(p.dtype)) + (p.master ? "_master_" : "_no_master_") + std::to_string(p.steps) +
+         "_steps" + (p.decayed == AdamWTrainer::kAllTensors ? "" : "_decay_" + std::to_string(p.decayed));
 }
 
 std::vector<TrainerParam> trainer_params() {
   std::vector<TrainerParam> out;
   for (DType dtype : {DType::f16, DType::bf16}) {
     for (bool master : {true, false}) {
-      for (int steps : {1, 2, 10}) out.push_back({dtype, master, steps});
+      for (int steps : {1, 2, 10}) out.push_back({dtype, master, steps, AdamWTrainer::kAllTensors});
+      // Decay on none, on the two smallest (the boundary before the 31), on all but the largest:
+      // ten steps, so that decay on the wrong side moves elements past their bounds.
+      for (size_t decayed : {0, 2, 4}) out.push_back({dtype, master, 10, decayed});
     }
   }
   return out;
@@ -485,9 +522,66 @@ INSTANTIATE_TEST_SUITE_P(Trainers, AdamWTrainerSkipTest,
                                   (std::get<1>(info.param) ? "_master" : "_no_master");
                          });
 
+// Zero gradients on fresh moments: m and v stay 0, the update term is 0 / (0 + eps) = 0, and a step
+// is the weight decay alone. So with lr x weight_decay = 0.1 every parameter of the first
+// `decayed` tensors becomes p x 0.9 (in float, then rounded to the storage type) and every other
+// one keeps its bits, for each boundary 0 .. 5; the step count advances.
+class AdamWTrainerDecayTest : public ::testing::TestWithParam<std::tuple<DType, bool>> {};
+
+TEST_P(AdamWTrainerDecayTest, DecaysExactlyTheFirstTensors) {
+  FUSEKIT_REQUIRE_GPU();
+  const DType dtype = std::get<0>(GetParam());
+  const bool master = std::get<1>(GetParam());
+  AdamWOptions decay_only = options();
+  decay_only.lr = 0.1;
+  decay_only.weight_decay = 1.0;
+  const float factor = static_cast<float>(1.0 - decay_only.lr * decay_only.weight_decay);  // as the kernel rounds it
+  std::mt19937_64 rng(std::random_device{}());
+  for (size_t decayed = 0; decayed <= kSizes.size(); ++decayed) {
+    SCOPED_TRACE(std::to_string(decayed) + " tensors decayed");
+    AdamWTrainer trainer(dtype, kSizes, master, decayed);
+    const std::vector<size_t> at = element_offsets(trainer);
+    const TrainerReference start = initialize(trainer, at, rng);  // the gradients are zero (allocated so)
+    EXPECT_EQ(trainer.decay_end(), decayed < kSizes.size() ? trainer.offset(decayed) : trainer.flat_elements());
+    trainer.step(decay_only, 1024.f, nullptr);
+    EXPECT_EQ(trainer.step_count(nullptr), 1);
+    const std::vector<double> p = gather(download(trainer.parameters(), trainer.flat_elements(), dtype), at);
+    std::vector<double> expected = start.p;
+    for (size_t e = 0; e < start.decayed; ++e) expected[e] = round_to(static_cast<float>(start.p[e]) * factor, dtype);
+    size_t bad = 0;
+    for (size_t e = 0; e < expected.size(); ++e) {
+      if (p[e] != expected[e]) {
+        if (bad < 5) ADD_FAILURE() << "param[" << e << "] = " << p[e] << ", expected " << expected[e];
+        ++bad;
+      }
+    }
+    EXPECT_EQ(bad, 0u) << "parameters not decayed exactly as their tensor says";
+    if (master) {
+      const std::vector<double> m = gather(download(trainer.master(), trainer.flat_elements(), DType::f32), at);
+      for (size_t e = 0; e < expected.size(); ++e) {
+        const double want = e < start.decayed ? static_cast<float>(start.p[e]) * factor : start.p[e];
+        if (m[e] != want) {
+          ADD_FAILURE() << "master[" << e << "] = " << m[e] << ", expected " << want;
+          break;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Trainers, AdamWTrainerDecayTest,
+                         ::testing::Combine(::testing::Values(DType::f16, DType::bf16), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(dtype_name(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) ? "_master" : "_no_master");
+                         });
+
 TEST(AdamWArguments, AreChecked) {
   FUSEKIT_REQUIRE_GPU();
   EXPECT_THROW(AdamWTrainer(DType::f32, {8}, true), std::invalid_argument);
+  EXPECT_THROW(AdamWTrainer(DType::f16, {8, 8}, true, 3), std::invalid_argument);  // more decayed tensors than tensors
+  EXPECT_EQ(AdamWTrainer(DType::f16, {8, 8}, false, 2).decay_end(), 16u);
+  EXPECT_EQ(AdamWTrainer(DType::f16, {3, 8}, false, 1).decay_end(), 8u);  // tensor 1 starts at the next 16 bytes
   const AdamWTensorList empty({});
   EXPECT_EQ(empty.chunks(), 0);
   EXPECT_THROW(adamw_step(empty, options(), 0, nullptr), std::invalid_argument);

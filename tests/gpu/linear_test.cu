@@ -7,6 +7,9 @@
 // at most 64, with a feature size not a multiple of 8 or padded, take the skinny kernels
 // (kernels/skinny_linear.cu; the padded ones among the shapes here too): LinearSkinnyTest checks them
 // on their own, on fp32, fp16 and bf16, aligned and misaligned operands, up to 300001 rows.
+// LinearWeightGradientTest checks linear_weight_gradient: dW added onto non-zero values (twice, and
+// not disturbed by the timing of the plan's candidates) or overwritten, dbias always overwritten;
+// fp32, fp16, bf16; odd N (BERT's vocabulary, 30522, and small ones), padded and unpadded.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -306,6 +309,12 @@ TEST(Linear, RejectsBadSizes) {
   EXPECT_THROW(linear_backward(context, DType::f16, {2, -1, 8, false}, a.get(), b.get(), c.get(), d.get(), e.get(),
                                nullptr, nullptr),
                std::invalid_argument);
+  EXPECT_THROW(
+      linear_weight_gradient(context, DType::f16, {0, 8, 8, false}, a.get(), b.get(), c.get(), d.get(), true, nullptr),
+      std::invalid_argument);
+  EXPECT_THROW(
+      linear_weight_gradient(context, DType::f16, {1, 8, 8, false}, a.get(), b.get(), nullptr, d.get(), true, nullptr),
+      std::invalid_argument);
   EXPECT_EQ(context.plans(), 0u);
 }
 
@@ -342,6 +351,131 @@ std::string param_name(const ::testing::TestParamInfo<Param>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest, ::testing::ValuesIn(params()), param_name);
+
+// ---- linear_weight_gradient: dW (+)= dy^T x through cuBLASLt (beta = 1, C = D), dbias overwritten
+
+struct WeightGradientParam {
+  DType dtype;
+  Shape shape;
+  bool padded;
+  bool accumulate;
+  bool with_bias;
+};
+
+class LinearWeightGradientTest : public ::testing::TestWithParam<WeightGradientParam> {};
+
+// Accumulating, dweight holds values of the gradient's own scale (sqrt(M)) before the call, which
+// must be kept and added to; otherwise it is poisoned (NaN), and must be overwritten. dbias is
+// poisoned: it is always overwritten. Each case has a fresh context, so its first call makes the
+// plan: the candidates timed then must not add into dweight (it would hold the gradient several
+// times). Accumulating, a second call adds the gradient once more onto what the first stored, with
+// the same plan.
+TEST_P(LinearWeightGradientTest, MatchesFloat64Reference) {
+  FUSEKIT_REQUIRE_GPU();
+  const WeightGradientParam p = GetParam();
+  const int M = p.shape.M, N = p.shape.N, K = p.shape.K;
+  const LinearShape shape{M, N, K, p.padded};
+  const int Ns = shape.out_stride(), Ks = shape.in_stride();
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto fill = [&](size_t n, double scale) {
+    std::vector<double> v(n);
+    for (double& e : v) e = scale * normal(rng);
+    return v;
+  };
+  std::vector<double> dy = fill(size_t(M) * N, 1.0), x = fill(size_t(M) * K, 1.0);
+  Matrix dy_m(M, N, Ns, p.dtype), x_m(M, K, Ks, p.dtype), dweight(Ns, K, Ks, p.dtype), dbias(1, N, Ns, p.dtype);
+  dy_m.upload(dy);
+  x_m.upload(x);
+  std::vector<double> before;  // empty: no accumulation
+  if (p.accumulate) {
+    std::vector<double> rows = fill(size_t(N) * K, std::sqrt(M));
+    rows.resize(size_t(Ns) * K, 0.0);  // pad rows zero, as the layer keeps them
+    dweight.upload(rows);
+    before.assign(rows.begin(), rows.begin() + size_t(N) * K);
+  }
+  bool pads_zero = true;
+  auto download_dweight = [&] {
+    const std::vector<double> padded = dweight.buffer.download();
+    for (size_t i = size_t(N) * Ks; i < padded.size(); ++i) pads_zero = pads_zero && padded[i] == 0.0;
+    std::vector<double> out = dweight.download(pads_zero);
+    out.resize(size_t(N) * K);
+    return out;
+  };
+  const double tol = tolerance(p.dtype);
+  LinearContext context;
+  void* db = p.with_bias ? dbias.get() : nullptr;
+  linear_weight_gradient(context, p.dtype, shape, dy_m.get(), x_m.get(), dweight.get(), db, p.accumulate, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(context.plans(), 1u);
+  const auto ref = reference::linear_weight_gradient(dy, x, before, M, N, K);
+  const std::vector<double> first = download_dweight();
+  EXPECT_LT(relative_error(first, ref.dweight), tol) << "dweight";
+  if (p.with_bias) EXPECT_LT(relative_error(dbias.download(pads_zero), ref.dbias), tol) << "dbias";
+  EXPECT_TRUE(pads_zero) << "a pad entry of an output is not zero";
+  if (!p.accumulate) return;
+
+  dbias.buffer.poison();
+  linear_weight_gradient(context, p.dtype, shape, dy_m.get(), x_m.get(), dweight.get(), db, true, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(context.plans(), 1u);  // the plan made by the first call
+  const auto again = reference::linear_weight_gradient(dy, x, first, M, N, K);
+  EXPECT_LT(relative_error(download_dweight(), again.dweight), tol) << "dweight, added twice";
+  if (p.with_bias) EXPECT_LT(relative_error(dbias.download(pads_zero), ref.dbias), tol) << "dbias, second call";
+  EXPECT_TRUE(pads_zero) << "a pad entry of an output is not zero";
+}
+
+// Accumulating and overwriting plans of one shape are two plans (beta is part of the key), each
+// made once.
+TEST(LinearWeightGradient, AccumulationIsPartOfThePlan) {
+  FUSEKIT_REQUIRE_GPU();
+  LinearContext context;
+  const LinearShape shape{64, 96, 32, false};
+  Buffer dy(64 * 96, DType::f16), x(64 * 32, DType::f16), dweight(96 * 32, DType::f16), dbias(96, DType::f16);
+  for (const bool accumulate : {false, true, false, true}) {
+    linear_weight_gradient(context, DType::f16, shape, dy.get(), x.get(), dweight.get(), dbias.get(), accumulate,
+                           nullptr);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(context.plans(), 2u);
+  // linear_backward's dW GEMM is the overwriting plan: no new one.
+  Buffer weight(96 * 32, DType::f16);
+  linear_backward(context, DType::f16, shape, dy.get(), x.get(), weight.get(), nullptr, dweight.get(), dbias.get(),
+                  nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(context.plans(), 2u);
+}
+
+std::vector<WeightGradientParam> weight_gradient_params() {
+  // BERT's MLM decoder (its rows: masked tokens; N: the vocabulary, odd); an odd N of a thousand; a
+  // BERT-base layer; an odd small N; the smallest; Swin's 49 x 32 unpadded (rows 2-byte aligned:
+  // cuBLASLt's align-1 kernels, which linear_backward would leave to the skinny kernels) and padded.
+  const Shape shapes[] = {{77, 30522, 768}, {61, 1023, 128}, {128, 768, 768}, {19, 7, 24}, {1, 8, 8}, {7, 49, 32}};
+  struct Mode {
+    bool accumulate, with_bias;
+  };
+  const Mode modes[] = {{true, true}, {true, false}, {false, true}};
+  std::vector<WeightGradientParam> out;
+  for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    for (const Shape s : shapes) {
+      for (const Mode m : modes) {
+        out.push_back({dtype, s, false, m.accumulate, m.with_bias});
+        if (s.N == 49) out.push_back({dtype, s, true, m.accumulate, m.with_bias});
+      }
+    }
+  }
+  return out;
+}
+
+std::string weight_gradient_param_name(const ::testing::TestParamInfo<WeightGradientParam>& info) {
+  const WeightGradientParam& p = info.param;
+  return std::string(dtype_name(p.dtype)) + "_" + std::to_string(p.shape.M) + "x" + std::to_string(p.shape.N) + "x" +
+         std::to_string(p.shape.K) + (p.padded ? "_padded" : "") + (p.accumulate ? "_accumulate" : "_overwrite") +
+         (p.with_bias ? "_dbias" : "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LinearWeightGradientTest, ::testing::ValuesIn(weight_gradient_params()),
+                         weight_gradient_param_name);
 
 // ---- the skinny path (kernels/skinny_linear.cu): here unpadded, N and K <= 64, N or K not a multiple of 8
 
