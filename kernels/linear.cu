@@ -314,6 +314,26 @@ void linear_weight_gradient(LinearContext& context, DType dtype, const LinearSha
   weight_gradient_gemm(context, dtype, shape, dy, x, dweight, dbias, accumulate, stream);  // any shape: see linear.h
 }
 
+void linear_forward_no_bias(LinearContext& context, DType dtype, const LinearShape& shape, const void* x,
+                            const void* weight, void* y, cudaStream_t stream) {
+  check_shape(shape);
+  check_operands({x, weight, y});
+  // As linear_forward: y^T [N, M] = W [N, K] x^T [K, M].
+  context.run({dtype, true, false, shape.out_stride(), shape.rows, shape.in_stride(), CUBLASLT_EPILOGUE_DEFAULT, weight,
+               x, y, nullptr, nullptr, false},
+              stream);
+}
+
+void linear_input_gradient(LinearContext& context, DType dtype, const LinearShape& shape, const void* dy,
+                           const void* weight, void* dx, bool accumulate, cudaStream_t stream) {
+  check_shape(shape);
+  check_operands({dy, weight, dx});
+  // As linear_backward's dx: dx^T [K, M] = W^T [K, N] dy^T [N, M].
+  context.run({dtype, false, false, shape.in_stride(), shape.rows, shape.out_stride(), CUBLASLT_EPILOGUE_DEFAULT,
+               weight, dy, dx, nullptr, nullptr, accumulate},
+              stream);
+}
+
 void pack_qkv_projection(DType dtype, int hidden, int in_features, const void* const weights[3],
                          const void* const biases[3], void* weight, void* bias, cudaStream_t stream) {
   if (hidden <= 0 || in_features <= 0) {

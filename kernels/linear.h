@@ -165,6 +165,19 @@ void linear_backward(LinearContext& context, DType dtype, const LinearShape& sha
 void linear_weight_gradient(LinearContext& context, DType dtype, const LinearShape& shape, const void* dy,
                             const void* x, void* dweight, void* dbias, bool accumulate, cudaStream_t stream);
 
+// Without the bias: y = x W^T ([M, N]), one cuBLASLt GEMM with no epilogue, for a layer whose bias
+// the next kernel adds (the post-LN sublayers: kernels/bias_dropout_residual_layernorm.h adds it with
+// the dropout and the residual). Every shape through cuBLASLt (the skinny path is not taken).
+void linear_forward_no_bias(LinearContext& context, DType dtype, const LinearShape& shape, const void* x,
+                            const void* weight, void* y, cudaStream_t stream);
+
+// The input gradient alone: dx [M, K] = dy W, or with accumulate dx += dy W (beta = 1, C = D: the
+// sum in float, rounded once), where a tensor feeds two branches (a Transformer layer's input: the
+// residual stream and the projection) and the second branch's gradient adds into the first's.
+// dy: [M, N], weight: [N, K]. Every shape through cuBLASLt.
+void linear_input_gradient(LinearContext& context, DType dtype, const LinearShape& shape, const void* dy,
+                           const void* weight, void* dx, bool accumulate, cudaStream_t stream);
+
 // The gradient through the GELU of the layer before `next`, fused into next's input-gradient GEMM:
 // dpre = gelu'(pre) * (dz W_next), dbias = sum_rows(dpre). next = M x N2 x N; dz: [M, N2];
 // weight_next: [N2, N]; pre (the earlier layer's saved pre-activation), dpre: [M, N]; dbias: [N].

@@ -477,6 +477,80 @@ std::string weight_gradient_param_name(const ::testing::TestParamInfo<WeightGrad
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearWeightGradientTest, ::testing::ValuesIn(weight_gradient_params()),
                          weight_gradient_param_name);
 
+// ---- linear_forward_no_bias (y = x W^T) and linear_input_gradient (dx (+)= dy W), through cuBLASLt
+
+struct NoBiasParam {
+  DType dtype;
+  Shape shape;
+};
+
+class LinearNoBiasAndInputGradientTest : public ::testing::TestWithParam<NoBiasParam> {};
+
+// y poisoned, then the forward; dx holding values of the gradient's own scale, then the input
+// gradient added onto them (twice: the second call reuses the plan), and once more overwriting a
+// poisoned dx. Against the float64 reference's forward with a zero bias and its backward's dx.
+TEST_P(LinearNoBiasAndInputGradientTest, MatchesFloat64Reference) {
+  FUSEKIT_REQUIRE_GPU();
+  const NoBiasParam p = GetParam();
+  const int M = p.shape.M, N = p.shape.N, K = p.shape.K;
+  const LinearShape shape{M, N, K, false};
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto fill = [&](size_t n, double scale) {
+    std::vector<double> v(n);
+    for (double& e : v) e = scale * normal(rng);
+    return v;
+  };
+  std::vector<double> x = fill(size_t(M) * K, 1.0), w = fill(size_t(N) * K, 1.0), dy = fill(size_t(M) * N, 1.0);
+  bool pads_zero = true;  // no padding here: nothing to check
+  Matrix x_m(M, K, K, p.dtype), w_m(N, K, K, p.dtype), y_m(M, N, N, p.dtype), dy_m(M, N, N, p.dtype),
+      dx_m(M, K, K, p.dtype);
+  x_m.upload(x);
+  w_m.upload(w);
+  dy_m.upload(dy);
+  y_m.buffer.poison();
+  const double tol = tolerance(p.dtype);
+  LinearContext context;
+  linear_forward_no_bias(context, p.dtype, shape, x_m.get(), w_m.get(), y_m.get(), nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto forward = reference::linear_forward(x, w, std::vector<double>(N, 0.0), M, N, K, false);
+  EXPECT_LT(relative_error(y_m.download(pads_zero), forward.y), tol) << "y";
+
+  const auto backward = reference::linear_backward(dy, x, w, M, N, K);
+  std::vector<double> before = fill(size_t(M) * K, std::sqrt(N));
+  dx_m.upload(before);
+  std::vector<double> expected = before;
+  for (int pass = 0; pass < 2; ++pass) {
+    linear_input_gradient(context, p.dtype, shape, dy_m.get(), w_m.get(), dx_m.get(), true, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (size_t i = 0; i < expected.size(); ++i) expected[i] += backward.dx[i];
+    EXPECT_LT(relative_error(dx_m.download(pads_zero), expected), tol) << "dx accumulated, pass " << pass;
+  }
+  dx_m.buffer.poison();
+  linear_input_gradient(context, p.dtype, shape, dy_m.get(), w_m.get(), dx_m.get(), false, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_LT(relative_error(dx_m.download(pads_zero), backward.dx), tol) << "dx overwritten";
+  EXPECT_EQ(context.plans(), 3u);  // forward, accumulating and overwriting input gradients
+}
+
+std::vector<NoBiasParam> no_bias_params() {
+  // BERT's output projections (768 x 768, 768 x 3072), the decoder's input gradient (N = vocabulary,
+  // odd rows), odd small sizes, the smallest.
+  const Shape shapes[] = {{128, 768, 768}, {64, 768, 3072}, {77, 30522, 128}, {19, 7, 24}, {1, 8, 8}, {33, 40, 56}};
+  std::vector<NoBiasParam> out;
+  for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    for (const Shape s : shapes) out.push_back({dtype, s});
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LinearNoBiasAndInputGradientTest, ::testing::ValuesIn(no_bias_params()),
+                         [](const ::testing::TestParamInfo<NoBiasParam>& info) {
+                           const NoBiasParam& p = info.param;
+                           return std::string(dtype_name(p.dtype)) + "_" + std::to_string(p.shape.M) + "x" +
+                                  std::to_string(p.shape.N) + "x" + std::to_string(p.shape.K);
+                         });
+
 // ---- the skinny path (kernels/skinny_linear.cu): here unpadded, N and K <= 64, N or K not a multiple of 8
 
 // A device operand `offset` elements past a 16-byte aligned allocation (offset 1: only element-aligned,
