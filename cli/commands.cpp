@@ -116,7 +116,7 @@ int bench(const BenchOptions& o) {
   // Building the cases allocates nothing, and finds usage errors before any GPU work.
   std::vector<suites::Case> ops_cases;
   if (!o.ops.empty() && (!ops || !o.op.empty())) {
-    throw std::invalid_argument("--ops selects operators of --suite ops or attention (for one case: --op)");
+    throw std::invalid_argument("--ops selects operators of --suite ops, attention or models (for one case: --op)");
   }
   if (ops) ops_cases = suites::ops_cases({o.op, o.shape, o.dtype, o.backward, o.ops, o.op.empty() ? o.suite : "ops"});
   suites::Session session({o.db, o.label, o.argv, o.allow_dropped});  // from here on, the run is recorded
@@ -143,7 +143,7 @@ int bench(const BenchOptions& o) {
 
 int list_cases(const CasesOptions& o) {
   if (!o.ops.empty() && !o.op.empty()) {
-    throw std::invalid_argument("--ops selects operators of --suite ops or attention (for one case: --op)");
+    throw std::invalid_argument("--ops selects operators of --suite ops, attention or models (for one case: --op)");
   }
   write_output(o.output, suites::case_listing_json(suites::list_ops_cases(
                              {o.op, o.shape, o.dtype, o.backward, o.ops, o.op.empty() ? o.suite : "ops"})));

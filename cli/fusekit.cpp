@@ -26,7 +26,10 @@ int main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) bench_options.argv.push_back(argv[i]);
   CLI::App* bench_cmd = app.add_subcommand("bench", "Time and trace a suite of cases into a store (needs a GPU)");
   bench_cmd->add_option("--db", bench_options.db, "Store to write (created if missing)")->required();
-  bench_cmd->add_option("--suite", bench_options.suite, "Suite to run: demo | ops | attention")->capture_default_str();
+  bench_cmd
+      ->add_option("--suite", bench_options.suite,
+                   "Suite to run: demo | ops | attention | models (whole training steps)")
+      ->capture_default_str();
   bench_cmd->add_option("--op", bench_options.op,
                         "One operator instead of a suite (" + operator_list() + "); needs --shape and --dtype");
   bench_cmd->add_option("--shape", bench_options.shape,
@@ -68,7 +71,8 @@ int main(int argc, char** argv) {
   CasesOptions cases_options;
   CLI::App* cases_cmd = app.add_subcommand(
       "cases", "List the cases bench would run, as JSON: the listing a peers script reads (no GPU needed)");
-  cases_cmd->add_option("--suite", cases_options.suite, "Suite to list: ops | attention")->capture_default_str();
+  cases_cmd->add_option("--suite", cases_options.suite, "Suite to list: ops | attention | models")
+      ->capture_default_str();
   cases_cmd->add_option("--op", cases_options.op, "One operator (" + operator_list() + "); needs --shape and --dtype");
   cases_cmd->add_option("--shape", cases_options.shape, "With --op: the operator's shape (" + operator_shapes() + ")");
   cases_cmd->add_option("--dtype", cases_options.dtype,

@@ -32,7 +32,8 @@ bool baselines_available() {
   X(patch_merging)                   \
   X(window_attention)                \
   X(qkv_projection)                  \
-  X(bert_attention)
+  X(bert_attention)                  \
+  X(bert_step)
 
 #define FUSEKIT_DECLARE_OPERATOR(name) OpDefinition name##_op();
 FUSEKIT_OPERATORS(FUSEKIT_DECLARE_OPERATOR)
@@ -57,7 +58,7 @@ store::CaseInfo make_case_info(const std::string& op, const std::string& shape, 
 }
 
 const std::vector<std::string>& op_suites() {
-  static const std::vector<std::string> all = {"ops", "attention"};
+  static const std::vector<std::string> all = {"ops", "attention", "models"};
   return all;
 }
 

@@ -85,7 +85,7 @@ expect 2 "unsupported shape '8x8x8x8'" -- "$FUSEKIT" bench --db "$work/b.db" --o
 expect 2 "unsupported shape '8xx8x8x8:none'" -- "$FUSEKIT" bench --db "$work/b.db" --op softmax --shape 8xx8x8x8:none --dtype fp16
 expect 2 "needs --shape" -- "$FUSEKIT" bench --db "$work/b.db" --op layernorm
 expect 2 "unknown operator 'softmaxx' in --ops" -- "$FUSEKIT" bench --db "$work/b.db" --suite ops --ops layernorm,softmaxx
-expect 2 "selects operators of --suite ops or attention" -- "$FUSEKIT" bench --db "$work/b.db" --ops layernorm
+expect 2 "selects operators of --suite ops, attention or models" -- "$FUSEKIT" bench --db "$work/b.db" --ops layernorm
 expect 2 "peers|exist" -- "$FUSEKIT" bench --db "$work/b.db" --suite ops --peers "$work/missing.py"
 expect 1 "schema version 99" -- "$FUSEKIT" bench --db "$work/v99.db"
 # `cases`: the same selection errors as bench, without a store or a GPU; never over an SQLite file.
@@ -95,7 +95,7 @@ expect 2 "unsupported shape '8by8'" -- "$FUSEKIT" cases --op layernorm --shape 8
 expect 2 "needs --shape" -- "$FUSEKIT" cases --op layernorm
 expect 2 "has no backward" -- "$FUSEKIT" cases --op adamw --shape bert-base --dtype fp16 --backward
 expect 2 "unknown operator 'softmaxx' in --ops" -- "$FUSEKIT" cases --ops layernorm,softmaxx
-expect 2 "selects operators of --suite ops or attention" -- "$FUSEKIT" cases --op layernorm --shape 8x8 --dtype fp16 --ops layernorm
+expect 2 "selects operators of --suite ops, attention or models" -- "$FUSEKIT" cases --op layernorm --shape 8x8 --dtype fp16 --ops layernorm
 expect 1 "SQLite file" -- "$FUSEKIT" cases --suite ops -o "$work/foreign.db"
 expect 2 "argument|bogus|extra" -- "$FUSEKIT" trace --db "$work/t.db" --bogus -- true
 expect 127 "^fusekit: cannot run .*no-such-program.: No such file or directory$" -- "$FUSEKIT" trace --db "$work/t.db" -- "$work/no-such-program"

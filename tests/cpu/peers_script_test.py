@@ -28,14 +28,15 @@ def listing(*args):
     return subprocess.run([fusekit, "cases", *args], check=True, capture_output=True, text=True).stdout
 
 
-# Every case of both suites: names as fusekit builds them, and a peer module for every operator.
-for suite in ("ops", "attention"):
+# Every case of every suite: names as fusekit builds them, and a peer module for every operator.
+for suite in ("ops", "attention", "models"):
     cases = parse_cases(listing("--suite", suite), suite)
     check(len(cases) > 0, f"{suite}: no cases listed")
     for case in cases:
         direction = "fwd+bwd" if case.backward else "fwd"
         check(case.name == f"{case.op}/{case.shape}/{case.dtype}/{direction}", f"{case.name}: name not built from parts")
-        check(case.bytes > 0, f"{case.name}: no bytes")
+        # Operators count bytes that must move; a whole training step (suite models) counts flops.
+        check(case.bytes > 0 or (suite == "models" and case.flops > 0), f"{case.name}: no bytes or flops")
         check(os.path.exists(os.path.join(peers_dir, "ops", f"{case.op}.py")), f"{case.op}: no peer module")
 
 # One case, from a file, as bench hands it over; flops where fusekit counts them.

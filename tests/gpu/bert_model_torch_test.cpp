@@ -1,0 +1,215 @@
+// The fused BERT MLM step against the libtorch baseline (models/bert_model.h's function), on the
+// small config the issue names (2 layers, hidden 128, 2 heads, FFN 512, vocab 30522), with padding:
+// - gradients after one step: every parameter's gradient of the fused step (fp16, bf16) against the
+//   baseline run in fp32, within twice the error of the baseline's own AMP run against that
+//   reference (plus a floor of 2 storage ulps' worth for tensors the AMP run gets almost exactly);
+// - 200 steps from the same weights and data with dropout 0.1: the fused loss, averaged over each
+//   10-step window, within 2% of the baseline's or within the spread of two baseline runs that
+//   differ only in their dropout seed, whichever is larger;
+// - dropout: a step's masks differ from the last step's, and the same seed gives the same losses;
+// - a step whose gradients overflow is skipped.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "baselines/models/bert_baseline.h"
+#include "gpu_test_support.h"
+#include "models/bert_checkpoint.h"
+#include "models/bert_fused.h"
+#include "models/bert_init.h"
+
+namespace fusekit::models {
+namespace {
+
+using kernels::DType;
+
+BertConfig small_config(DType dtype, int batch, int sequence, float dropout) {
+  BertConfig c = bert_preset("bert-tiny");
+  c.batch = batch;
+  c.sequence = sequence;
+  c.dtype = dtype;
+  c.dropout = dropout;
+  validate(c);
+  return c;
+}
+
+// Random weights, nonzero biases, every value representable in the dtype (models/bert_init.h).
+std::unique_ptr<BertInitialWeights> random_state_dict(const BertConfig& config, DType dtype, uint64_t seed) {
+  return std::make_unique<BertInitialWeights>(config, seed, dtype, 0.01f);
+}
+
+MlmDataOptions data_options(const BertConfig& c, uint64_t seed) {
+  MlmDataOptions o;
+  o.batch = c.batch;
+  o.sequence = c.sequence;
+  o.vocab = c.vocab;
+  o.seed = seed;
+  return o;
+}
+
+double norm(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += static_cast<double>(x) * x;
+  return std::sqrt(s);
+}
+
+double distance(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    s += d * d;
+  }
+  return std::sqrt(s);
+}
+
+const HostTensor& find(const std::vector<HostTensor>& tensors, const std::string& name) {
+  for (const HostTensor& t : tensors) {
+    if (t.name == name) return t;
+  }
+  throw std::runtime_error("no tensor " + name);
+}
+
+class BertModelTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(BertModelTest, GradientsWithinTwiceTheAmpBaselinesError) {
+  FUSEKIT_REQUIRE_GPU();
+  const DType dtype = GetParam();
+  const BertConfig config = small_config(dtype, 8, 64, 0.f);
+  const auto state = random_state_dict(config, dtype, 1);
+  const MlmBatch batch = make_mlm_batch(data_options(config, 7), 0);
+  BertTrainOptions options;
+
+  baselines::BaselineBert reference(config, options, baselines::BaselinePrecision::fp32);
+  baselines::BaselineBert amp(config, options, baselines::BaselinePrecision::amp);
+  FusedBert fused(config, options);
+  reference.load_state_dict(state->tensors());
+  amp.load_state_dict(state->tensors());
+  fused.load_state_dict(state->tensors());
+
+  const float loss_reference = reference.forward_backward(batch);
+  const float loss_amp = amp.forward_backward(batch);
+  const float loss_fused = fused.forward_backward(batch);
+  // Near ln(vocab) at initialization; the fused loss within twice the AMP loss's error (+ a floor).
+  EXPECT_NEAR(loss_reference, std::log(static_cast<double>(config.vocab)), 0.5);
+  EXPECT_LE(std::fabs(loss_fused - loss_reference), 2 * std::fabs(loss_amp - loss_reference) + 2e-3 * loss_reference)
+      << "losses: fp32 " << loss_reference << ", amp " << loss_amp << ", fused " << loss_fused;
+
+  const std::vector<HostTensor> g_reference = reference.gradients(), g_amp = amp.gradients(),
+                                g_fused = fused.gradients();
+  ASSERT_EQ(g_fused.size(), g_reference.size());
+  // A floor for tensors the AMP run reproduces almost exactly: a relative error of the storage
+  // type's unit roundoff (fp16 2^-11, bf16 2^-8), twice.
+  const double floor = 2 * (dtype == DType::bf16 ? 0x1p-8 : 0x1p-11);
+  int checked = 0;
+  for (const HostTensor& r : g_reference) {
+    const HostTensor& a = find(g_amp, r.name);
+    const HostTensor& f = find(g_fused, r.name);
+    ASSERT_EQ(f.shape, r.shape) << r.name;
+    const double scale = norm(r.values);
+    ASSERT_GT(scale, 0) << r.name << ": the fp32 gradient is zero";
+    const double error_amp = distance(a.values, r.values) / scale;
+    const double error_fused = distance(f.values, r.values) / scale;
+    EXPECT_LE(error_fused, 2 * error_amp + floor)
+        << r.name << ": fused relative error " << error_fused << ", AMP baseline's " << error_amp;
+    ++checked;
+  }
+  EXPECT_EQ(checked, static_cast<int>(g_reference.size()));
+}
+
+TEST_P(BertModelTest, LossCurvesTrackTheBaselineOver200Steps) {
+  FUSEKIT_REQUIRE_GPU();
+  const DType dtype = GetParam();
+  const BertConfig config = small_config(dtype, 16, 64, 0.1f);
+  const auto state = random_state_dict(config, dtype, 2);
+  BertTrainOptions options;
+  options.lr = 1e-3;
+  constexpr int kSteps = 200, kWindow = 10;
+  auto curve = [&](BertMlmModel& model) {
+    model.load_state_dict(state->tensors());
+    std::vector<double> windows(kSteps / kWindow, 0.0);
+    for (int s = 0; s < kSteps; ++s) {
+      const float loss = model.step(make_mlm_batch(data_options(config, 11), static_cast<uint64_t>(s)));
+      EXPECT_TRUE(std::isfinite(loss)) << model.variant() << " step " << s;
+      windows[s / kWindow] += loss / kWindow;
+    }
+    return windows;
+  };
+  BertTrainOptions other_seed = options;
+  other_seed.seed = 12345;
+  baselines::BaselineBert baseline(config, options, baselines::BaselinePrecision::amp);
+  baselines::BaselineBert baseline2(config, other_seed, baselines::BaselinePrecision::amp);
+  FusedBert fused(config, options);
+  const std::vector<double> b1 = curve(baseline), b2 = curve(baseline2), f = curve(fused);
+  EXPECT_LT(b1.back(), b1.front() - 0.5) << "the baseline does not learn: the test says nothing";
+  for (size_t w = 0; w < f.size(); ++w) {
+    const double allowed = std::max(0.02 * b1[w], std::fabs(b1[w] - b2[w]));
+    EXPECT_LE(std::fabs(f[w] - b1[w]), allowed)
+        << "steps " << w * kWindow << ".." << (w + 1) * kWindow - 1 << ": fused " << f[w] << ", baseline " << b1[w]
+        << " (other seed " << b2[w] << ")";
+    std::printf("window %2zu: baseline %.4f (seed 2: %.4f), fused %.4f\n", w, b1[w], b2[w], f[w]);
+  }
+}
+
+TEST_P(BertModelTest, DropoutMasksChangeEveryStepAndFollowTheSeed) {
+  FUSEKIT_REQUIRE_GPU();
+  const DType dtype = GetParam();
+  const BertConfig config = small_config(dtype, 4, 32, 0.1f);
+  const auto state = random_state_dict(config, dtype, 3);
+  const MlmBatch batch = make_mlm_batch(data_options(config, 5), 0);
+  BertTrainOptions options;
+  FusedBert a(config, options), b(config, options);
+  a.load_state_dict(state->tensors());
+  b.load_state_dict(state->tensors());
+  const float a1 = a.forward_backward(batch), a2 = a.forward_backward(batch);
+  const float b1 = b.forward_backward(batch);
+  EXPECT_EQ(a1, b1) << "the same seed, weights and batch: the same masks, the same loss";
+  EXPECT_NE(a1, a2) << "a second step drew the same masks";
+  BertTrainOptions other = options;
+  other.seed = 99;
+  FusedBert c(config, other);
+  c.load_state_dict(state->tensors());
+  EXPECT_NE(c.forward_backward(batch), a1) << "another seed drew the same masks";
+  // Without dropout the loss is a function of the weights and the batch alone.
+  const BertConfig plain = small_config(dtype, 4, 32, 0.f);
+  FusedBert d(plain, options);
+  d.load_state_dict(state->tensors());
+  EXPECT_EQ(d.forward_backward(batch), d.forward_backward(batch));
+}
+
+// fp16 only: a loss scale of 1e30 overflows its gradients for sure; bf16 has float's range.
+TEST(BertModelFp16, AStepWithOverflowingGradientsIsSkipped) {
+  FUSEKIT_REQUIRE_GPU();
+  const DType dtype = DType::f16;
+  const BertConfig config = small_config(dtype, 4, 32, 0.f);
+  const auto state = random_state_dict(config, dtype, 4);
+  const MlmBatch batch = make_mlm_batch(data_options(config, 3), 0);
+  BertTrainOptions options;
+  options.loss_scale = 1e30f;  // the scaled loss's gradients overflow fp16
+  FusedBert fused(config, options);
+  fused.load_state_dict(state->tensors());
+  const std::vector<HostTensor> before = fused.parameters();
+  fused.step(batch);
+  const std::vector<HostTensor> after = fused.parameters();
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_EQ(before[i].values, after[i].values) << before[i].name;
+  // And a normal step moves every weight matrix.
+  BertTrainOptions normal;
+  FusedBert trained(config, normal);
+  trained.load_state_dict(state->tensors());
+  trained.step(batch);
+  const std::vector<HostTensor> moved = trained.parameters();
+  for (size_t i = 0; i < before.size(); ++i) {
+    if (before[i].shape.size() == 2) EXPECT_NE(before[i].values, moved[i].values) << before[i].name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, BertModelTest, ::testing::Values(DType::f16, DType::bf16),
+                         [](const auto& info) { return std::string(kernels::dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace fusekit::models
