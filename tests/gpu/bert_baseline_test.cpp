@@ -187,11 +187,29 @@ TEST(BertBaselineTest, Fp32MatchesHuggingFace) {
 
   const std::vector<models::HostTensor> gradients = model.gradients();
   EXPECT_EQ(reference.tensors().size(), gradients.size() + 1) << "the reference's gradients and the loss";
+  // The key projection's bias has a gradient of exactly zero (it adds q.b_k to every score of a
+  // row, which the softmax cancels): both sides hold rounding noise there. So each tensor's error is
+  // relative to its own norm or to 1e-4 of the largest gradient norm, whichever is larger.
+  double largest = 0;
+  for (const models::HostTensor& g : gradients) {
+    double n = 0;
+    for (float v : g.values) n += static_cast<double>(v) * v;
+    largest = std::max(largest, std::sqrt(n));
+  }
   for (const models::HostTensor& g : gradients) {
     const models::TensorView* r = reference.find(g.name);
     ASSERT_NE(r, nullptr) << g.name << ": no gradient in the reference";
     EXPECT_EQ(r->shape, g.shape) << g.name;
-    EXPECT_LE(relative_error(g.values, floats(*r)), 1e-4) << g.name;
+    const std::vector<float> ref = floats(*r);
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < ref.size() && i < g.values.size(); ++i) {
+      diff += (static_cast<double>(g.values[i]) - ref[i]) * (static_cast<double>(g.values[i]) - ref[i]);
+      norm += static_cast<double>(ref[i]) * ref[i];
+    }
+    EXPECT_LE(std::sqrt(diff) / std::max(std::sqrt(norm), 1e-4 * largest), 1e-4) << g.name;
+    if (g.name.find("attention.self.key.bias") == std::string::npos) {
+      EXPECT_LE(relative_error(g.values, ref), 1e-4) << g.name;
+    }
   }
 }
 
