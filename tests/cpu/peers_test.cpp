@@ -4,13 +4,14 @@
 
 #include <unistd.h>
 
-#include <filesystem>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "posix_files.h"
 #include "reports/run_report.h"
 #include "suites/ops/ops_suite.h"
 #include "suites/peers.h"
@@ -18,7 +19,9 @@
 namespace fusekit::suites {
 namespace {
 
-namespace fs = std::filesystem;
+using test_support::parent_of;
+using test_support::path_exists;
+using test_support::TempDir;
 
 std::vector<ListedCase> two_cases() { return list_ops_cases({"layernorm", "8192x768", "fp16", false, {}, "ops"}); }
 
@@ -154,16 +157,17 @@ TEST(PeerResults, EachBadLineNamesItsLineAndFault) {
 class PeerRecording : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("fusekit_peers_test_" + std::to_string(getpid()));
-    fs::create_directories(dir_);
+    temp_ = std::make_unique<TempDir>("fusekit_peers_test_");
+    dir_ = temp_->path();
   }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
+  void TearDown() override { temp_.reset(); }
+  std::unique_ptr<TempDir> temp_;
+  std::string dir_;
 };
 
 TEST_F(PeerRecording, ResultsBecomeCasesWithTheListedDescription) {
   const std::vector<ListedCase> cases = list_ops_cases({"linear", "8192x768x3072:bias", "bf16", true, {}, "ops"});
-  store::Store store = store::Store::open((dir_ / "peers.db").string(), store::Store::Mode::create);
+  store::Store store = store::Store::open(dir_ + "/peers.db", store::Store::Mode::create);
   const int64_t run = store.begin_run({});
   const std::string text =
       "{\"name\": \"linear/8192x768x3072:bias/bf16/fwd+bwd\", \"variant\": \"peer:compile\", "
@@ -187,12 +191,12 @@ TEST_F(PeerRecording, PeerFilesHoldTheListingAndGoAway) {
   std::string folder;
   {
     const PeerFiles files(two_cases());
-    folder = fs::path(files.cases_path()).parent_path().string();
-    EXPECT_EQ(fs::path(folder).parent_path(), dir_);
+    folder = parent_of(files.cases_path());
+    EXPECT_EQ(parent_of(folder), dir_);
     std::ifstream in(files.cases_path());
     const std::string listing((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     EXPECT_EQ(listing, case_listing_json(two_cases()));
-    store::Store store = store::Store::open((dir_ / "files.db").string(), store::Store::Mode::create);
+    store::Store store = store::Store::open(dir_ + "/files.db", store::Store::Mode::create);
     const int64_t run = store.begin_run({});
     EXPECT_THROW(files.record_results(store, run), std::runtime_error);  // no results file written
     EXPECT_EQ(files.record_results(store, run, true), 0u);               // a warning once the script failed
@@ -205,7 +209,7 @@ TEST_F(PeerRecording, PeerFilesHoldTheListingAndGoAway) {
     EXPECT_EQ(files.record_results(store, run), 1u);
     EXPECT_EQ(store.load_cases(run).size(), 1u);
   }
-  EXPECT_FALSE(fs::exists(folder));
+  EXPECT_FALSE(path_exists(folder));
   ::unsetenv("TMPDIR");
 }
 

@@ -5,29 +5,29 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
+#include "posix_files.h"
 #include "store/store.h"
 #include "suites/session.h"
 
 namespace fusekit::suites {
 namespace {
 
-namespace fs = std::filesystem;
+using test_support::path_exists;
+using test_support::TempDir;
 
 class SessionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("fusekit_session_test_" + std::to_string(getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    db_ = (dir_ / "run.db").string();
+    dir_ = std::make_unique<TempDir>("fusekit_session_test_");
+    db_ = dir_->file("run.db");
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { dir_.reset(); }
 
   // Steps that succeed without a GPU; `calls` counts those that ran.
   SessionSteps fake_steps() {
@@ -62,7 +62,7 @@ class SessionTest : public ::testing::Test {
     return store.run(store.latest_run());
   }
 
-  fs::path dir_;
+  std::unique_ptr<TempDir> dir_;
   std::string db_;
   int calls_ = 0;
 };
@@ -97,7 +97,7 @@ TEST_F(SessionTest, NoGpuIsOneClearErrorAndNoStore) {
   } catch (const std::runtime_error& e) {
     EXPECT_STREQ(e.what(), "no GPU: no CUDA-capable device is detected");
   }
-  EXPECT_FALSE(fs::exists(db_));
+  EXPECT_FALSE(path_exists(db_));
 }
 
 TEST_F(SessionTest, FinishedRunIsOkWithWhatItRecorded) {

@@ -20,7 +20,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <span>
 #include <string>
@@ -33,6 +32,7 @@
 #include "models/bert_parameters.h"
 #include "models/mlm_data.h"
 #include "models/safetensors.h"
+#include "posix_files.h"
 
 namespace fusekit {
 namespace {
@@ -123,19 +123,10 @@ std::pair<int, std::string> run(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
 }
 
-class TempDir {
+// A temporary folder without std::filesystem (tests/support/posix_files.h says why).
+class TempDir : public test_support::TempDir {
  public:
-  TempDir() : path_(std::filesystem::temp_directory_path() / ("fusekit_bert_baseline_" + std::to_string(getpid()))) {
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
+  TempDir() : test_support::TempDir("fusekit_bert_baseline_") {}
 };
 
 // A stream of its own, destroyed after the models declared after it (their destructors wait for it).
