@@ -41,8 +41,8 @@
 #include <vector>
 
 #include "dp/communicator.h"
-#include "dp/slice_plan.h"       // SlicePartition
-#include "dp/sparse_encoding.h"  // WireValue
+#include "dp/slice_plan.h"  // SlicePartition
+#include "dp/wire_value.h"
 #include "kernels/dtype.h"
 
 namespace fusekit::dp {

@@ -13,13 +13,10 @@
 //   widen / scatter        the other ranks' slices into out.
 #include "dp/detail/sparse_collective_kernels.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <algorithm>
-#include <cstring>
 
 #include "dp/detail/block_scan.cuh"
+#include "dp/detail/wire.cuh"
 #include "kernels/common.cuh"
 #include "kernels/detail/dispatch.h"
 
@@ -32,23 +29,6 @@ constexpr int kGroup = 4;  // consecutive elements per thread per step of a tile
 constexpr int kScanThreads = 1024;
 constexpr unsigned kMaxBlocks = 1u << 20;
 static_assert(kSliceTile % (kThreads * kGroup) == 0, "a tile is whole steps");
-
-__device__ __forceinline__ bool nonzero_wire(uint16_t bits) { return (bits & 0x7FFFu) != 0; }
-
-template <class T>
-__device__ __forceinline__ float from_wire(uint16_t bits) {
-  T v;
-  memcpy(&v, &bits, sizeof v);
-  return kernels::to_float(v);
-}
-
-template <class T>
-__device__ __forceinline__ uint16_t to_wire(float x) {
-  const T v = kernels::from_float<T>(x);
-  uint16_t bits;
-  memcpy(&bits, &v, sizeof bits);
-  return bits;
-}
 
 unsigned blocks_for(uint64_t items, uint64_t per_block) {
   return static_cast<unsigned>(std::clamp<uint64_t>((items + per_block - 1) / per_block, 1, kMaxBlocks));
