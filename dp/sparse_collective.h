@@ -22,7 +22,7 @@
 // Both sparse results are deterministic and bitwise equal on every rank. allgather's is the fp32
 // sum of the 16-bit values in rank order; reduce_scatter_allgather's owner adds in the same order,
 // so its result is exactly allgather's rounded once to the wire type (its slices travel as 16-bit
-// values). The slices and the forms are dp/slice_plan.h's.
+// values; a sum that rounds to zero is +0 on every rank). The slices and the forms are dp/slice_plan.h's.
 //
 // Bytes sent: per rank, by phase. A point-to-point send counts its bytes exactly; a collective
 // counts nccl-tests' bus bytes per rank (what a ring sends): an allreduce of S bytes 2S(P - 1)/P,

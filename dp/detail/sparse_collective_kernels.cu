@@ -109,7 +109,8 @@ __global__ void __launch_bounds__(kThreads)
   const uint64_t tile_end = tile_begin + kSliceTile < end ? tile_begin + kSliceTile : end;
   unsigned nonzero = 0;
   for (uint64_t i = tile_begin + threadIdx.x; i < tile_end; i += blockDim.x) {
-    const uint16_t bits = to_wire<T>(out[i]);
+    uint16_t bits = to_wire<T>(out[i]);
+    if (!nonzero_wire(bits)) bits = 0;  // a sum that rounds to -0 travels as +0, as a dropped entry does
     stage[i] = bits;
     out[i] = from_wire<T>(bits);
     nonzero += nonzero_wire(bits) ? 1u : 0u;

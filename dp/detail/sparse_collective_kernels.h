@@ -29,7 +29,7 @@ void scatter(const uint32_t* indices, const uint16_t* values, uint64_t count, ke
 // out[i] = stage[i] for i in [begin, end).
 void widen(const uint16_t* stage, uint64_t begin, uint64_t end, kernels::DType wire, float* out, cudaStream_t stream);
 
-// Over [begin, end): stage[i] = out[i] rounded to the wire type, out[i] = stage[i] widened back;
+// Over [begin, end): stage[i] = out[i] rounded to the wire type (-0 as +0), out[i] = stage[i] widened back;
 // *nonzero (device) = the count of nonzero words, tile_offsets (slice_tiles(end - begin) of them)
 // = each tile's first output position for compact_slice. tile_counts is scratch of the same size.
 void round_slice(float* out, uint16_t* stage, uint64_t begin, uint64_t end, kernels::DType wire, unsigned* tile_counts,
