@@ -106,6 +106,8 @@ ErrorFeedback::ErrorFeedback(std::vector<LayerSpan> layers, double max_density, 
   FUSEKIT_CUDA_CHECK(cudaMalloc(&indices_, capacity * sizeof(uint32_t)));
   FUSEKIT_CUDA_CHECK(cudaMalloc(&values_, capacity * sizeof(uint16_t)));
   FUSEKIT_CUDA_CHECK(cudaMalloc(&pack_table_, (layers_.size() + 1) * sizeof(PackLayer)));
+  // The zeroing above runs on the legacy default stream, which a non-blocking stream does not wait for.
+  FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 ErrorFeedback::~ErrorFeedback() {

@@ -269,6 +269,9 @@ TopkSelection::TopkSelection(std::vector<LayerSpan> layers, double max_density)
       cudaMemcpy(layer_table_, table.data(), table.size() * sizeof(LayerDescriptor), cudaMemcpyHostToDevice));
   FUSEKIT_CUDA_CHECK(
       cudaMemcpy(tile_layers_, tile_layers.data(), tile_layers.size() * sizeof(int), cudaMemcpyHostToDevice));
+  // Those copies and the zeroing ran on the legacy default stream, which a non-blocking stream does
+  // not wait for (and a copy from pageable memory may return before its data has landed).
+  FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 TopkSelection::~TopkSelection() {

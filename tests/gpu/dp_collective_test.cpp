@@ -81,6 +81,9 @@ uint64_t env_or(const char* name, uint64_t fallback) {
   return v == nullptr ? fallback : std::strtoull(v, nullptr, 10);
 }
 
+// Device memory for the test's own data. Copies wait for the whole device before and after: the
+// communicator's stream does not synchronize with the legacy default stream, and a cudaMemcpy from
+// pageable memory may return before its data has landed.
 template <class T>
 class DeviceArray {
  public:
@@ -90,18 +93,17 @@ class DeviceArray {
   DeviceArray& operator=(const DeviceArray&) = delete;
   T* get() const { return p_; }
   size_t size() const { return n_; }
-  std::vector<T> download(size_t count) const {
-    std::vector<T> out(count);
-    if (count > 0) FUSEKIT_CUDA_CHECK(cudaMemcpy(out.data(), p_, count * sizeof(T), cudaMemcpyDeviceToHost));
-    return out;
-  }
+  std::vector<T> download(size_t count) const { return download_from(p_, count); }
   static std::vector<T> download_from(const T* p, size_t count) {
     std::vector<T> out(count);
+    FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());
     if (count > 0) FUSEKIT_CUDA_CHECK(cudaMemcpy(out.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost));
     return out;
   }
   void upload(const std::vector<T>& v) {
+    FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());
     if (!v.empty()) FUSEKIT_CUDA_CHECK(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
  private:
@@ -443,7 +445,7 @@ TEST(DpCollectiveSteps, ErrorFeedbackLosesNothing) {
         if (!(std::fabs(result[i] - ref.sum[i]) <= slack * 1.001) && o.wrong_sums++ == 0) o.first_wrong_at = i;
       }
       for (uint64_t j = 0; j < mine.count; ++j) o.sent_sum[indices[j]] += wire_to_float(values[j], WireValue::f16);
-      FUSEKIT_CUDA_CHECK(cudaMemcpy(residual.data(), feedback.residual(), elements * 4, cudaMemcpyDeviceToHost));
+      residual = DeviceArray<float>::download_from(feedback.residual(), elements);
     }
     o.residual = residual;
     return o;
