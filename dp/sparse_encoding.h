@@ -25,10 +25,11 @@
 #include <string>
 #include <vector>
 
+#include "dp/wire_value.h"
+
 namespace fusekit::dp {
 
 enum class Encoding : uint8_t { key_value = 0, bitmap = 1, delta_varint = 2 };
-enum class WireValue : uint8_t { f16 = 0, bf16 = 1 };
 
 const char* encoding_name(Encoding form);     // "key_value", "bitmap", "delta_varint"
 const char* wire_value_name(WireValue type);  // "fp16", "bf16"

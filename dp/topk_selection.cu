@@ -15,6 +15,7 @@
 // Every pass over the data reads 16-byte vectors of four consecutive elements per thread (where the
 // layer's offset and the pointers allow it; else scalar loads of the same elements), contiguous
 // across a warp. Candidate thresholds are compared as float bit patterns.
+#include "dp/detail/block_scan.cuh"
 #include "dp/topk_selection.h"
 #include "dp/topk_threshold.h"
 #include "kernels/common.cuh"
@@ -44,34 +45,6 @@ struct LayerDescriptor {
 
 __host__ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-
-// Exclusive scan over the block (blockDim.x a multiple of 32, at most 1024); `total` gets the sum.
-// `warp_totals` holds 32 values and is reusable after the call returns.
-__device__ __forceinline__ unsigned block_exclusive_scan(unsigned v, unsigned* warp_totals, unsigned& total) {
-  const int lane = threadIdx.x % kernels::kWarpSize, warp = threadIdx.x / kernels::kWarpSize;
-  const int warps = blockDim.x / kernels::kWarpSize;
-  unsigned x = v;
-#pragma unroll
-  for (int o = 1; o < kernels::kWarpSize; o <<= 1) {
-    const unsigned y = __shfl_up_sync(0xffffffffu, x, o);
-    if (lane >= o) x += y;
-  }
-  __syncthreads();  // warp_totals may still be read by an earlier call
-  if (lane == kernels::kWarpSize - 1) warp_totals[warp] = x;
-  __syncthreads();
-  if (warp == 0) {
-    unsigned t = lane < warps ? warp_totals[lane] : 0u;
-#pragma unroll
-    for (int o = 1; o < kernels::kWarpSize; o <<= 1) {
-      const unsigned y = __shfl_up_sync(0xffffffffu, t, o);
-      if (lane >= o) t += y;
-    }
-    warp_totals[lane] = t;
-  }
-  __syncthreads();
-  total = warp_totals[warps - 1];
-  return (warp > 0 ? warp_totals[warp - 1] : 0u) + x - v;
-}
 
 // The (up to) four elements of residual + gradient at layer index i of a tile's step: `count`
 // of them valid. With kAccumulate the sum is stored into the residual.
@@ -296,6 +269,9 @@ TopkSelection::TopkSelection(std::vector<LayerSpan> layers, double max_density)
       cudaMemcpy(layer_table_, table.data(), table.size() * sizeof(LayerDescriptor), cudaMemcpyHostToDevice));
   FUSEKIT_CUDA_CHECK(
       cudaMemcpy(tile_layers_, tile_layers.data(), tile_layers.size() * sizeof(int), cudaMemcpyHostToDevice));
+  // Those copies and the zeroing ran on the legacy default stream, which a non-blocking stream does
+  // not wait for (and a copy from pageable memory may return before its data has landed).
+  FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 TopkSelection::~TopkSelection() {

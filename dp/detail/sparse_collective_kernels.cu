@@ -1,0 +1,237 @@
+// The sparse collectives' kernels (see detail/sparse_collective_kernels.h; the protocol around them
+// is dp/sparse_collective.cpp).
+//
+//   validate + histogram   one pass over a rank's indices: each thread takes a run of consecutive
+//                          entries, checks index[i - 1] < index[i] < elements, and adds per bin
+//                          once per run (indices are sorted, so a run touches few bins);
+//   scatter_add            out[index] += value for one source rank (indices of one rank are
+//                          distinct: no atomics, and the caller fixes the order of the ranks);
+//   round + count          per tile of 4096 elements of the owner's slice: the 16-bit sums into the
+//                          stage, widened back into out, nonzero words counted per tile, then one
+//                          block scans the tiles' counts;
+//   compact                each tile writes its nonzero words in index order (a block-wide scan);
+//   widen / scatter        the other ranks' slices into out.
+#include "dp/detail/sparse_collective_kernels.h"
+
+#include <algorithm>
+
+#include "dp/detail/block_scan.cuh"
+#include "dp/detail/wire.cuh"
+#include "kernels/common.cuh"
+#include "kernels/detail/dispatch.h"
+
+namespace fusekit::dp::detail {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kRun = 16;   // entries per thread in the histogram pass
+constexpr int kGroup = 4;  // consecutive elements per thread per step of a tile
+constexpr int kScanThreads = 1024;
+constexpr unsigned kMaxBlocks = 1u << 20;
+static_assert(kSliceTile % (kThreads * kGroup) == 0, "a tile is whole steps");
+
+unsigned blocks_for(uint64_t items, uint64_t per_block) {
+  return static_cast<unsigned>(std::clamp<uint64_t>((items + per_block - 1) / per_block, 1, kMaxBlocks));
+}
+
+// ---- CUDA kernels
+
+// Counts entries that break "strictly increasing below elements" into hist[bins], and (bins > 0)
+// each entry's bin index / width into hist[bin].
+__global__ void __launch_bounds__(kThreads)
+    validate_histogram_kernel(const uint32_t* __restrict__ indices, uint64_t count, uint32_t elements, uint32_t width,
+                              unsigned long long* __restrict__ hist, int bins) {
+  for (uint64_t start = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kRun; start < count;
+       start += static_cast<uint64_t>(gridDim.x) * blockDim.x * kRun) {
+    const uint64_t end = start + kRun < count ? start + kRun : count;
+    unsigned long long invalid = 0, run = 0;
+    uint32_t previous = start > 0 ? indices[start - 1] : 0, bin = 0;
+    for (uint64_t i = start; i < end; ++i) {
+      const uint32_t index = indices[i];
+      if (index >= elements || (i > 0 && index <= previous)) {
+        ++invalid;
+      } else if (bins > 0) {
+        const uint32_t b = index / width;
+        if (run > 0 && b != bin) {
+          atomicAdd(&hist[bin], run);
+          run = 0;
+        }
+        bin = b;
+        ++run;
+      }
+      previous = index;
+    }
+    if (run > 0) atomicAdd(&hist[bin], run);
+    if (invalid > 0) atomicAdd(&hist[bins], invalid);
+  }
+}
+
+// out[indices[i]] += values[i]: one source rank's entries (distinct indices).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    scatter_add_kernel(const uint32_t* __restrict__ indices, const uint16_t* __restrict__ values, uint64_t count,
+                       float* __restrict__ out) {
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    out[indices[i]] += from_wire<T>(values[i]);
+  }
+}
+
+// out[indices[i]] = values[i]: a slice that arrived as entries, into zeros.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    scatter_kernel(const uint32_t* __restrict__ indices, const uint16_t* __restrict__ values, uint64_t count,
+                   float* __restrict__ out) {
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    out[indices[i]] = from_wire<T>(values[i]);
+  }
+}
+
+// out[i] = stage[i] over [begin, end): a slice that arrived dense.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    widen_kernel(const uint16_t* __restrict__ stage, uint64_t begin, uint64_t end, float* __restrict__ out) {
+  for (uint64_t i = begin + static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < end;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    out[i] = from_wire<T>(stage[i]);
+  }
+}
+
+// One block per tile of the owner's slice: the 16-bit sums into the stage and back into out (so
+// the owner holds what the others receive), and the tile's count of nonzero words.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    round_slice_kernel(float* __restrict__ out, uint16_t* __restrict__ stage, uint64_t begin, uint64_t end,
+                       unsigned* __restrict__ tile_counts) {
+  __shared__ unsigned warp_totals[kernels::kWarpSize];
+  const uint64_t tile_begin = begin + static_cast<uint64_t>(blockIdx.x) * kSliceTile;
+  const uint64_t tile_end = tile_begin + kSliceTile < end ? tile_begin + kSliceTile : end;
+  unsigned nonzero = 0;
+  for (uint64_t i = tile_begin + threadIdx.x; i < tile_end; i += blockDim.x) {
+    uint16_t bits = to_wire<T>(out[i]);
+    if (!nonzero_wire(bits)) bits = 0;  // a sum that rounds to -0 travels as +0, as a dropped entry does
+    stage[i] = bits;
+    out[i] = from_wire<T>(bits);
+    nonzero += nonzero_wire(bits) ? 1u : 0u;
+  }
+  unsigned total;
+  block_exclusive_scan(nonzero, warp_totals, total);
+  if (threadIdx.x == 0) tile_counts[blockIdx.x] = total;
+}
+
+// One block: the exclusive scan of the tiles' counts, and their sum into *total.
+__global__ void __launch_bounds__(kScanThreads)
+    scan_tiles_kernel(const unsigned* __restrict__ tile_counts, int tiles, unsigned* __restrict__ tile_offsets,
+                      unsigned long long* __restrict__ total) {
+  __shared__ unsigned warp_totals[kernels::kWarpSize];
+  unsigned running = 0;
+  for (int base = 0; base < tiles; base += blockDim.x) {
+    const int t = base + static_cast<int>(threadIdx.x);
+    const unsigned v = t < tiles ? tile_counts[t] : 0u;
+    unsigned sum;
+    const unsigned offset = block_exclusive_scan(v, warp_totals, sum);
+    if (t < tiles) tile_offsets[t] = running + offset;
+    running += sum;
+  }
+  if (threadIdx.x == 0) *total = running;
+}
+
+// One block per tile: the nonzero words of the stage as (index, value) entries in index order.
+__global__ void __launch_bounds__(kThreads)
+    compact_slice_kernel(const uint16_t* __restrict__ stage, uint64_t begin, uint64_t end,
+                         const unsigned* __restrict__ tile_offsets, uint32_t* __restrict__ out_indices,
+                         uint16_t* __restrict__ out_values) {
+  __shared__ unsigned warp_totals[kernels::kWarpSize];
+  const uint64_t tile_begin = begin + static_cast<uint64_t>(blockIdx.x) * kSliceTile;
+  const uint64_t tile_end = tile_begin + kSliceTile < end ? tile_begin + kSliceTile : end;
+  uint64_t next = tile_offsets[blockIdx.x];
+  // Every thread runs the same number of steps: the scan inside needs the whole block.
+  for (uint64_t step = tile_begin; step < tile_end; step += kThreads * kGroup) {
+    const uint64_t i = step + static_cast<uint64_t>(threadIdx.x) * kGroup;
+    uint16_t words[kGroup];
+    unsigned flags = 0;
+    for (int e = 0; e < kGroup; ++e) {
+      words[e] = i + e < tile_end ? stage[i + e] : 0;
+      flags |= (nonzero_wire(words[e]) ? 1u : 0u) << e;
+    }
+    unsigned total;
+    uint64_t out = next + block_exclusive_scan(__popc(flags), warp_totals, total);
+    for (int e = 0; e < kGroup; ++e) {
+      if (flags >> e & 1u) {
+        out_indices[out] = static_cast<uint32_t>(i + e);
+        out_values[out] = words[e];
+        ++out;
+      }
+    }
+    next += total;
+  }
+}
+
+}  // namespace
+
+// ---- kernel launchers
+
+void validate_and_histogram(const uint32_t* indices, uint64_t count, uint32_t elements, uint32_t width,
+                            unsigned long long* counts, int bins, cudaStream_t stream) {
+  FUSEKIT_CUDA_CHECK(cudaMemsetAsync(counts, 0, (static_cast<size_t>(bins) + 1) * sizeof *counts, stream));
+  if (count == 0) return;
+  validate_histogram_kernel<<<blocks_for(count, uint64_t{kThreads} * kRun), kThreads, 0, stream>>>(
+      indices, count, elements, width, counts, bins);
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void scatter_add(const uint32_t* indices, const uint16_t* values, uint64_t count, kernels::DType wire, float* out,
+                 cudaStream_t stream) {
+  if (count == 0) return;
+  kernels::dispatch_16bit_dtype(wire, "sparse collective", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    scatter_add_kernel<T><<<blocks_for(count, kThreads), kThreads, 0, stream>>>(indices, values, count, out);
+  });
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void scatter(const uint32_t* indices, const uint16_t* values, uint64_t count, kernels::DType wire, float* out,
+             cudaStream_t stream) {
+  if (count == 0) return;
+  kernels::dispatch_16bit_dtype(wire, "sparse collective", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    scatter_kernel<T><<<blocks_for(count, kThreads), kThreads, 0, stream>>>(indices, values, count, out);
+  });
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void widen(const uint16_t* stage, uint64_t begin, uint64_t end, kernels::DType wire, float* out, cudaStream_t stream) {
+  if (end <= begin) return;
+  kernels::dispatch_16bit_dtype(wire, "sparse collective", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    widen_kernel<T><<<blocks_for(end - begin, kThreads), kThreads, 0, stream>>>(stage, begin, end, out);
+  });
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void round_slice(float* out, uint16_t* stage, uint64_t begin, uint64_t end, kernels::DType wire, unsigned* tile_counts,
+                 unsigned* tile_offsets, unsigned long long* nonzero, cudaStream_t stream) {
+  const uint64_t tiles = end > begin ? slice_tiles(end - begin) : 0;
+  if (tiles == 0) {
+    FUSEKIT_CUDA_CHECK(cudaMemsetAsync(nonzero, 0, sizeof *nonzero, stream));
+    return;
+  }
+  kernels::dispatch_16bit_dtype(wire, "sparse collective", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    round_slice_kernel<T><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(out, stage, begin, end, tile_counts);
+  });
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+  scan_tiles_kernel<<<1, kScanThreads, 0, stream>>>(tile_counts, static_cast<int>(tiles), tile_offsets, nonzero);
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void compact_slice(const uint16_t* stage, uint64_t begin, uint64_t end, const unsigned* tile_offsets,
+                   uint32_t* out_indices, uint16_t* out_values, cudaStream_t stream) {
+  if (end <= begin) return;
+  compact_slice_kernel<<<static_cast<unsigned>(slice_tiles(end - begin)), kThreads, 0, stream>>>(
+      stage, begin, end, tile_offsets, out_indices, out_values);
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace fusekit::dp::detail

@@ -1,0 +1,41 @@
+// The device side of the sparse collectives (dp/sparse_collective.h): launchers of the kernels that
+// dp/sparse_collective.cpp runs between its NCCL calls. Plain C++17 and CUDA, no NCCL. Values are
+// 16-bit words of the wire type `wire` (DType f16 or bf16); every launch goes on `stream`.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace fusekit::dp::detail {
+
+constexpr uint64_t kSliceTile = 4096;  // elements of a slice per block when rounding and compacting
+
+inline uint64_t slice_tiles(uint64_t elements) { return (elements + kSliceTile - 1) / kSliceTile; }
+
+// Zeroes counts[0, bins], then counts[bins] = the entries that break "strictly increasing below
+// elements", and (bins > 0) counts[index / width] += 1 for every other entry.
+void validate_and_histogram(const uint32_t* indices, uint64_t count, uint32_t elements, uint32_t width,
+                            unsigned long long* counts, int bins, cudaStream_t stream);
+
+// out[indices[i]] += values[i] for i < count: one source rank's entries (distinct indices), in fp32.
+void scatter_add(const uint32_t* indices, const uint16_t* values, uint64_t count, kernels::DType wire, float* out,
+                 cudaStream_t stream);
+// out[indices[i]] = values[i] for i < count.
+void scatter(const uint32_t* indices, const uint16_t* values, uint64_t count, kernels::DType wire, float* out,
+             cudaStream_t stream);
+// out[i] = stage[i] for i in [begin, end).
+void widen(const uint16_t* stage, uint64_t begin, uint64_t end, kernels::DType wire, float* out, cudaStream_t stream);
+
+// Over [begin, end): stage[i] = out[i] rounded to the wire type (-0 as +0), out[i] = stage[i] widened back;
+// *nonzero (device) = the count of nonzero words, tile_offsets (slice_tiles(end - begin) of them)
+// = each tile's first output position for compact_slice. tile_counts is scratch of the same size.
+void round_slice(float* out, uint16_t* stage, uint64_t begin, uint64_t end, kernels::DType wire, unsigned* tile_counts,
+                 unsigned* tile_offsets, unsigned long long* nonzero, cudaStream_t stream);
+// The nonzero words of stage[begin, end) as (index, value) entries in index order.
+void compact_slice(const uint16_t* stage, uint64_t begin, uint64_t end, const unsigned* tile_offsets,
+                   uint32_t* out_indices, uint16_t* out_values, cudaStream_t stream);
+
+}  // namespace fusekit::dp::detail

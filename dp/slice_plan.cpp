@@ -1,0 +1,54 @@
+// The sparse reduce-scatter's host bookkeeping (see slice_plan.h).
+#include "dp/slice_plan.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace fusekit::dp {
+
+SlicePlan plan_slices(std::span<const uint64_t> own_histogram, std::span<const uint64_t> loads, int ranks,
+                      uint64_t elements, SlicePartition kind) {
+  if (own_histogram.size() != loads.size())
+    throw std::invalid_argument("slice plan: a histogram of " + std::to_string(own_histogram.size()) +
+                                " bins against loads of " + std::to_string(loads.size()));
+  SlicePlan plan;
+  plan.partition = kind == SlicePartition::balanced ? balanced_partition(loads, ranks) : equal_partition(loads, ranks);
+  plan.edges = element_edges(plan.partition, elements, loads.size());
+  plan.send_offsets.push_back(0);
+  for (int r = 0; r < ranks; ++r) {
+    uint64_t count = 0;
+    for (size_t b = plan.partition.edges[r]; b < plan.partition.edges[r + 1]; ++b) count += own_histogram[b];
+    plan.send_counts.push_back(count);
+    plan.send_offsets.push_back(plan.send_offsets.back() + count);
+  }
+  return plan;
+}
+
+GatherPlan plan_gather(std::span<const uint64_t> edges, std::span<const uint64_t> nonzero) {
+  if (edges.size() != nonzero.size() + 1)
+    throw std::invalid_argument("gather plan: " + std::to_string(edges.size()) + " edges for " +
+                                std::to_string(nonzero.size()) + " slices");
+  GatherPlan plan;
+  plan.offsets.push_back(0);
+  for (size_t r = 0; r < nonzero.size(); ++r) {
+    const uint64_t length = edges[r + 1] - edges[r];
+    if (nonzero[r] > length)
+      throw std::invalid_argument("gather plan: slice " + std::to_string(r) + " has " + std::to_string(nonzero[r]) +
+                                  " nonzero sums in " + std::to_string(length) + " elements");
+    const bool dense = kEntryBytes * nonzero[r] >= 2 * length;  // 2-byte words against 6-byte entries
+    plan.dense.push_back(dense);
+    plan.offsets.push_back(plan.offsets.back() + (dense ? 0 : nonzero[r]));
+    plan.bytes += static_cast<double>(dense ? 2 * length : kEntryBytes * nonzero[r]);
+    plan.dense_slices += dense && length > 0 ? 1 : 0;
+    plan.entries += nonzero[r];
+  }
+  return plan;
+}
+
+uint64_t gather_capacity(uint64_t elements, uint64_t received) { return std::min(elements / 3 + 1, received); }
+
+double allgather_bus_bytes(double bytes, int ranks) { return bytes * (ranks - 1) / ranks; }
+double allreduce_bus_bytes(double bytes, int ranks) { return 2 * bytes * (ranks - 1) / ranks; }
+
+}  // namespace fusekit::dp

@@ -1,0 +1,59 @@
+// The host bookkeeping of the balanced sparse reduce-scatter + allgather (dp/sparse_collective.h),
+// which every rank computes alike from the same collective results, so no rank needs to be told:
+//
+//   plan_slices   from this rank's histogram and the bins' loads summed over ranks: the slices
+//                 (dp/partition.h, balanced or equal, cut on bin edges), and this rank's count and
+//                 offset of entries in each slice. Slices end on bin edges, so the histogram's bins
+//                 give the counts exactly: no search through the indices.
+//   plan_gather   from each slice's count of nonzero 16-bit sums: whether it travels dense (2 bytes
+//                 an element) or as (index, value) entries (6 bytes an entry), the fewer bytes
+//                 (ties dense), and where the entry slices lie in the gather buffer.
+// Entry slices have fewer than a third as many entries as elements, so together they never
+// exceed gather_capacity: the buffer is sized once.
+//
+// Bytes follow nccl-tests' bus bytes per rank: an allreduce of S bytes 2S(P - 1)/P, an allgather
+// (or a group of broadcasts) of S bytes in all S(P - 1)/P.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "dp/partition.h"
+
+namespace fusekit::dp {
+
+enum class SlicePartition { balanced, equal };
+
+constexpr size_t kEntryBytes = 6;  // uint32 index + 16-bit value
+
+struct SlicePlan {
+  Partition partition;                 // in bins; loads = entries each slice's owner reduces
+  std::vector<uint64_t> edges;         // P + 1 element edges
+  std::vector<uint64_t> send_counts;   // P: this rank's entries in each slice
+  std::vector<uint64_t> send_offsets;  // P + 1: where they start among its sorted entries
+};
+
+// `own_histogram` and `loads` have the same number of bins over `elements` indices.
+SlicePlan plan_slices(std::span<const uint64_t> own_histogram, std::span<const uint64_t> loads, int ranks,
+                      uint64_t elements, SlicePartition kind);
+
+struct GatherPlan {
+  std::vector<bool> dense;        // per slice
+  std::vector<uint64_t> offsets;  // P + 1: the entry slices' starts in the gather buffer
+  double bytes = 0;               // every slice's bytes, together
+  int dense_slices = 0;           // non-empty slices sent dense
+  uint64_t entries = 0;           // nonzero sums in all slices
+};
+
+// `edges`: P + 1 element edges; `nonzero`: P counts, each at most its slice's length.
+GatherPlan plan_gather(std::span<const uint64_t> edges, std::span<const uint64_t> nonzero);
+
+// The gather buffer's entries for `elements` and at most `received` entries in all.
+uint64_t gather_capacity(uint64_t elements, uint64_t received);
+
+double allgather_bus_bytes(double bytes, int ranks);
+double allreduce_bus_bytes(double bytes, int ranks);
+
+}  // namespace fusekit::dp

@@ -1,0 +1,297 @@
+// The sparse collectives' protocol over NCCL (see sparse_collective.h for the math, the layouts
+// and what counts as bytes sent; the kernels are in detail/sparse_collective_kernels.cu). Metadata
+// lives in one device array of 64-bit words and its pinned host mirror.
+#include "dp/sparse_collective.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "dp/detail/sparse_collective_kernels.h"
+#include "dp/nccl_check.h"
+#include "dp/slice_plan.h"
+#include "kernels/cuda_check.h"
+
+namespace fusekit::dp {
+namespace {
+
+kernels::DType wire_dtype(WireValue type) {
+  return type == WireValue::f16 ? kernels::DType::f16 : kernels::DType::bf16;
+}
+
+ncclDataType_t nccl_type(kernels::DType dtype) {
+  switch (dtype) {
+    case kernels::DType::f32:
+      return ncclFloat32;
+    case kernels::DType::f16:
+      return ncclFloat16;
+    case kernels::DType::bf16:
+      return ncclBfloat16;
+  }
+  throw std::invalid_argument("dense allreduce: unknown dtype");
+}
+
+// Offsets into the metadata array (64-bit words).
+struct MetadataLayout {
+  size_t histogram, loads, send_counts, count_matrix, own_count, all_counts, own_nonzero, all_nonzero, size;
+  MetadataLayout(size_t bins, size_t ranks) {
+    histogram = 0;
+    loads = histogram + bins + 1;
+    send_counts = loads + bins + 1;
+    count_matrix = send_counts + ranks;
+    own_count = count_matrix + ranks * ranks;
+    all_counts = own_count + 2;
+    own_nonzero = all_counts + 2 * ranks;
+    all_nonzero = own_nonzero + 1;
+    size = all_nonzero + ranks;
+  }
+};
+
+}  // namespace
+
+SparseCollective::SparseCollective(Communicator& communicator, uint64_t elements, uint64_t max_entries, WireValue type,
+                                   size_t bins)
+    : communicator_(communicator), elements_(elements), max_entries_(max_entries), type_(type) {
+  if (elements == 0 || elements >= (uint64_t{1} << 32))
+    throw std::invalid_argument("sparse collective: elements must be in [1, 2^32), got " + std::to_string(elements));
+  if (max_entries == 0 || max_entries > elements)
+    throw std::invalid_argument("sparse collective: max_entries must be in [1, elements], got " +
+                                std::to_string(max_entries));
+  if (bins == 0) throw std::invalid_argument("sparse collective: no bins");
+  bins_ = static_cast<size_t>(std::min<uint64_t>(bins, elements));
+  width_ = static_cast<uint32_t>(bin_width(elements, bins_));
+  const uint64_t ranks = static_cast<uint64_t>(communicator.size());
+  const uint64_t received = ranks * max_entries;
+  gather_capacity_ = gather_capacity(elements, received);
+  const uint64_t tiles = detail::slice_tiles(elements);
+  const MetadataLayout layout(bins_, ranks);
+  FUSEKIT_CUDA_CHECK(cudaSetDevice(communicator.device()));
+  FUSEKIT_CUDA_CHECK(cudaMalloc(&received_indices_, received * sizeof(uint32_t)));
+  FUSEKIT_CUDA_CHECK(cudaMalloc(&received_values_, received * sizeof(uint16_t)));
+  FUSEKIT_CUDA_CHECK(cudaMalloc(&stage_, elements * sizeof(uint16_t)));
+  FUSEKIT_CUDA_CHECK(cudaMalloc(&gathered_indices_, gather_capacity_ * sizeof(uint32_t)));
+  FUSEKIT_CUDA_CHECK(cudaMalloc(&gathered_values_, gather_capacity_ * sizeof(uint16_t)));
+  FUSEKIT_CUDA_CHECK(cudaMalloc(&tile_counts_, tiles * sizeof(unsigned)));
+  FUSEKIT_CUDA_CHECK(cudaMalloc(&tile_offsets_, tiles * sizeof(unsigned)));
+  FUSEKIT_CUDA_CHECK(cudaMalloc(&metadata_, layout.size * sizeof(unsigned long long)));
+  FUSEKIT_CUDA_CHECK(cudaMallocHost(&host_metadata_, layout.size * sizeof(unsigned long long)));
+}
+
+SparseCollective::~SparseCollective() {
+  cudaStreamSynchronize(communicator_.stream());
+  cudaFree(received_indices_);
+  cudaFree(received_values_);
+  cudaFree(stage_);
+  cudaFree(gathered_indices_);
+  cudaFree(gathered_values_);
+  cudaFree(tile_counts_);
+  cudaFree(tile_offsets_);
+  cudaFree(metadata_);
+  cudaFreeHost(host_metadata_);
+}
+
+void SparseCollective::check_entries(const SparseEntries& mine) const {
+  if (mine.count > 0 && (mine.indices == nullptr || mine.values == nullptr))
+    throw std::invalid_argument("sparse collective: " + std::to_string(mine.count) + " entries without buffers");
+}
+
+ExchangeStats SparseCollective::allgather(const SparseEntries& mine, float* out) {
+  check_entries(mine);
+  const int ranks = communicator_.size(), me = communicator_.rank();
+  cudaStream_t stream = communicator_.stream();
+  ncclComm_t comm = communicator_.comm();
+  const MetadataLayout layout(bins_, ranks);
+  const kernels::DType wire = wire_dtype(type_);
+  unsigned long long* own = metadata_ + layout.own_count;
+  unsigned long long* host = host_metadata_;
+
+  // Counts and invalid entries of every rank: [count, invalid] per rank.
+  detail::validate_and_histogram(mine.indices, mine.count, static_cast<uint32_t>(elements_), 1, own + 1, 0, stream);
+  host[layout.own_count] = mine.count;
+  FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(own, host + layout.own_count, sizeof *own, cudaMemcpyHostToDevice, stream));
+  FUSEKIT_NCCL_CHECK(ncclAllGather(own, metadata_ + layout.all_counts, 2, ncclUint64, comm, stream));
+  FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(host + layout.all_counts, metadata_ + layout.all_counts, 2 * ranks * sizeof *host,
+                                     cudaMemcpyDeviceToHost, stream));
+  FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<uint64_t> counts(ranks), offsets(ranks + 1, 0);
+  for (int r = 0; r < ranks; ++r) {
+    counts[r] = host[layout.all_counts + 2 * r];
+    if (host[layout.all_counts + 2 * r + 1] > 0)
+      throw std::invalid_argument("sparse collective: rank " + std::to_string(r) + " has " +
+                                  std::to_string(host[layout.all_counts + 2 * r + 1]) +
+                                  " entries out of order or at or above " + std::to_string(elements_));
+    if (counts[r] > max_entries_)
+      throw std::invalid_argument("sparse collective: rank " + std::to_string(r) + " has " + std::to_string(counts[r]) +
+                                  " entries, more than the " + std::to_string(max_entries_) + " the workspace holds");
+    offsets[r + 1] = offsets[r] + counts[r];
+  }
+
+  FUSEKIT_NCCL_CHECK(ncclGroupStart());
+  for (int r = 0; r < ranks; ++r) {
+    if (counts[r] == 0) continue;
+    uint32_t* indices = received_indices_ + offsets[r];
+    uint16_t* values = received_values_ + offsets[r];
+    FUSEKIT_NCCL_CHECK(ncclBroadcast(r == me ? static_cast<const void*>(mine.indices) : indices, indices, counts[r],
+                                     ncclUint32, r, comm, stream));
+    FUSEKIT_NCCL_CHECK(ncclBroadcast(r == me ? static_cast<const void*>(mine.values) : values, values, counts[r],
+                                     ncclFloat16, r, comm, stream));
+  }
+  FUSEKIT_NCCL_CHECK(ncclGroupEnd());
+
+  FUSEKIT_CUDA_CHECK(cudaMemsetAsync(out, 0, elements_ * sizeof(float), stream));
+  for (int r = 0; r < ranks; ++r) {
+    detail::scatter_add(received_indices_ + offsets[r], received_values_ + offsets[r], counts[r], wire, out, stream);
+  }
+
+  ExchangeStats stats;
+  stats.metadata_bytes = allgather_bus_bytes(2.0 * 8 * ranks, ranks);
+  stats.gather_bytes = allgather_bus_bytes(static_cast<double>(kEntryBytes * offsets[ranks]), ranks);
+  stats.bytes_sent = stats.metadata_bytes + stats.gather_bytes;
+  stats.received.assign(ranks, offsets[ranks]);
+  return stats;
+}
+
+ExchangeStats SparseCollective::reduce_scatter_allgather(const SparseEntries& mine, float* out,
+                                                         SlicePartition partition) {
+  check_entries(mine);
+  const int ranks = communicator_.size(), me = communicator_.rank();
+  cudaStream_t stream = communicator_.stream();
+  ncclComm_t comm = communicator_.comm();
+  const MetadataLayout layout(bins_, ranks);
+  unsigned long long* host = host_metadata_;
+  const int bins = static_cast<int>(bins_);
+  const kernels::DType wire = wire_dtype(type_);
+  ExchangeStats stats;
+
+  // 1. The histogram of every rank's indices, summed: the loads of the bins (and invalid entries).
+  detail::validate_and_histogram(mine.indices, mine.count, static_cast<uint32_t>(elements_), width_,
+                                 metadata_ + layout.histogram, bins, stream);
+  FUSEKIT_NCCL_CHECK(ncclAllReduce(metadata_ + layout.histogram, metadata_ + layout.loads, bins_ + 1, ncclUint64,
+                                   ncclSum, comm, stream));
+  FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(host, metadata_, 2 * (bins_ + 1) * sizeof *host, cudaMemcpyDeviceToHost, stream));
+  FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  stats.metadata_bytes += allreduce_bus_bytes(8.0 * (bins_ + 1), ranks);
+  if (host[layout.loads + bins_] > 0)
+    throw std::invalid_argument("sparse collective: " + std::to_string(host[layout.loads + bins_]) +
+                                " entries out of order or at or above " + std::to_string(elements_) + " (" +
+                                std::to_string(host[layout.histogram + bins_]) + " of them on rank " +
+                                std::to_string(me) + ")");
+
+  // 2. The slices, the same on every rank, and this rank's count for each.
+  const std::vector<uint64_t> own_histogram(host + layout.histogram, host + layout.histogram + bins_),
+      loads(host + layout.loads, host + layout.loads + bins_);
+  const SlicePlan plan = plan_slices(own_histogram, loads, ranks, elements_, partition);
+  edges_ = plan.edges;
+  std::copy(plan.send_counts.begin(), plan.send_counts.end(), host + layout.send_counts);
+  FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(metadata_ + layout.send_counts, host + layout.send_counts, ranks * sizeof *host,
+                                     cudaMemcpyHostToDevice, stream));
+  FUSEKIT_NCCL_CHECK(
+      ncclAllGather(metadata_ + layout.send_counts, metadata_ + layout.count_matrix, ranks, ncclUint64, comm, stream));
+  FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(host + layout.count_matrix, metadata_ + layout.count_matrix,
+                                     static_cast<size_t>(ranks) * ranks * sizeof *host, cudaMemcpyDeviceToHost,
+                                     stream));
+  FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  stats.metadata_bytes += allgather_bus_bytes(8.0 * ranks * ranks, ranks);
+  // count(s, r): entries rank s sends to the owner of slice r.
+  auto count = [&](int s, int r) { return static_cast<uint64_t>(host[layout.count_matrix + s * ranks + r]); };
+  for (int s = 0; s < ranks; ++s) {
+    uint64_t total = 0;
+    for (int r = 0; r < ranks; ++r) total += count(s, r);
+    if (total > max_entries_)
+      throw std::invalid_argument("sparse collective: rank " + std::to_string(s) + " has " + std::to_string(total) +
+                                  " entries, more than the " + std::to_string(max_entries_) + " the workspace holds");
+  }
+  const std::vector<uint64_t>& send_offsets = plan.send_offsets;
+  std::vector<uint64_t> receive_offsets(ranks + 1, 0);  // by source rank; none from itself
+  for (int r = 0; r < ranks; ++r) receive_offsets[r + 1] = receive_offsets[r] + (r == me ? 0 : count(r, me));
+
+  // 3. Each slice's entries to its owner.
+  FUSEKIT_NCCL_CHECK(ncclGroupStart());
+  for (int r = 0; r < ranks; ++r) {
+    if (r == me) continue;
+    if (count(me, r) > 0) {
+      FUSEKIT_NCCL_CHECK(ncclSend(mine.indices + send_offsets[r], count(me, r), ncclUint32, r, comm, stream));
+      FUSEKIT_NCCL_CHECK(ncclSend(mine.values + send_offsets[r], count(me, r), ncclFloat16, r, comm, stream));
+      stats.reduce_scatter_bytes += static_cast<double>(kEntryBytes * count(me, r));
+    }
+    if (count(r, me) > 0) {
+      FUSEKIT_NCCL_CHECK(ncclRecv(received_indices_ + receive_offsets[r], count(r, me), ncclUint32, r, comm, stream));
+      FUSEKIT_NCCL_CHECK(ncclRecv(received_values_ + receive_offsets[r], count(r, me), ncclFloat16, r, comm, stream));
+    }
+  }
+  FUSEKIT_NCCL_CHECK(ncclGroupEnd());
+
+  // 4. The owner's sums, source rank by source rank, rounded to the wire; their nonzero count.
+  const uint64_t begin = edges_[me], end = edges_[me + 1];
+  FUSEKIT_CUDA_CHECK(cudaMemsetAsync(out, 0, elements_ * sizeof(float), stream));
+  for (int s = 0; s < ranks; ++s) {
+    const bool own = s == me;
+    detail::scatter_add(own ? mine.indices + send_offsets[me] : received_indices_ + receive_offsets[s],
+                        own ? mine.values + send_offsets[me] : received_values_ + receive_offsets[s], count(s, me),
+                        wire, out, stream);
+  }
+  detail::round_slice(out, stage_, begin, end, wire, tile_counts_, tile_offsets_, metadata_ + layout.own_nonzero,
+                      stream);
+  FUSEKIT_NCCL_CHECK(
+      ncclAllGather(metadata_ + layout.own_nonzero, metadata_ + layout.all_nonzero, 1, ncclUint64, comm, stream));
+  FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(host + layout.all_nonzero, metadata_ + layout.all_nonzero, ranks * sizeof *host,
+                                     cudaMemcpyDeviceToHost, stream));
+  FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  stats.metadata_bytes += allgather_bus_bytes(8.0 * ranks, ranks);
+
+  // 5. Every slice to every rank, as entries where 6 bytes per nonzero sum beat 2 per element.
+  const std::vector<uint64_t> nonzero(host + layout.all_nonzero, host + layout.all_nonzero + ranks);
+  const GatherPlan gather = plan_gather(edges_, nonzero);
+  const std::vector<bool>& dense = gather.dense;
+  const std::vector<uint64_t>& gather_offsets = gather.offsets;
+  if (gather_offsets[ranks] > gather_capacity_)
+    throw std::logic_error("sparse collective: " + std::to_string(gather_offsets[ranks]) +
+                           " entries to gather, more than the bound " + std::to_string(gather_capacity_));
+  if (!dense[me] && nonzero[me] > 0) {
+    detail::compact_slice(stage_, begin, end, tile_offsets_, gathered_indices_ + gather_offsets[me],
+                          gathered_values_ + gather_offsets[me], stream);
+  }
+  FUSEKIT_NCCL_CHECK(ncclGroupStart());
+  for (int r = 0; r < ranks; ++r) {
+    const uint64_t length = edges_[r + 1] - edges_[r];
+    if (dense[r] && length > 0) {
+      FUSEKIT_NCCL_CHECK(ncclBroadcast(stage_ + edges_[r], stage_ + edges_[r], length, ncclFloat16, r, comm, stream));
+    } else if (!dense[r] && nonzero[r] > 0) {
+      FUSEKIT_NCCL_CHECK(ncclBroadcast(gathered_indices_ + gather_offsets[r], gathered_indices_ + gather_offsets[r],
+                                       nonzero[r], ncclUint32, r, comm, stream));
+      FUSEKIT_NCCL_CHECK(ncclBroadcast(gathered_values_ + gather_offsets[r], gathered_values_ + gather_offsets[r],
+                                       nonzero[r], ncclFloat16, r, comm, stream));
+    }
+  }
+  FUSEKIT_NCCL_CHECK(ncclGroupEnd());
+  for (int r = 0; r < ranks; ++r) {
+    if (r == me) continue;  // the owner's slice is in out already
+    if (dense[r]) {
+      detail::widen(stage_, edges_[r], edges_[r + 1], wire, out, stream);
+    } else {
+      detail::scatter(gathered_indices_ + gather_offsets[r], gathered_values_ + gather_offsets[r], nonzero[r], wire,
+                      out, stream);
+    }
+  }
+
+  stats.gather_bytes = allgather_bus_bytes(gather.bytes, ranks);
+  stats.dense_slices = gather.dense_slices;
+  stats.result_entries = gather.entries;
+  stats.bytes_sent = stats.metadata_bytes + stats.reduce_scatter_bytes + stats.gather_bytes;
+  stats.received = plan.partition.loads;
+  stats.imbalance = plan.partition.imbalance;
+  return stats;
+}
+
+ExchangeStats dense_allreduce(Communicator& communicator, void* buffer, uint64_t elements, kernels::DType dtype) {
+  FUSEKIT_NCCL_CHECK(
+      ncclAllReduce(buffer, buffer, elements, nccl_type(dtype), ncclSum, communicator.comm(), communicator.stream()));
+  ExchangeStats stats;
+  stats.gather_bytes =
+      allreduce_bus_bytes(static_cast<double>(elements) * kernels::dtype_size(dtype), communicator.size());
+  stats.bytes_sent = stats.gather_bytes;
+  stats.received.assign(communicator.size(), elements);
+  return stats;
+}
+
+}  // namespace fusekit::dp

@@ -1,0 +1,142 @@
+// The sparse collective's host bookkeeping: per rank, the counts and offsets that the histogram
+// gives match the rank's real indices slice by slice, every rank derives the same slices, the
+// owners' loads add up, the balanced slices stay within 1.2x the mean where selections cluster
+// (the equal ones do not), each reduced slice travels in its smaller form, and the entry slices fit
+// the gather buffer's bound.
+#include "dp/slice_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
+
+namespace fusekit::dp {
+namespace {
+
+constexpr uint64_t kElements = 10'000'019;
+constexpr size_t kBins = 4096;
+
+// Per rank, `k` distinct sorted indices: uniform, or 80% of them in three windows of 1% each, all
+// three in the first eighth of the index space (equal slices put them on rank 0).
+std::vector<std::vector<uint64_t>> selections(int ranks, uint64_t k, bool clustered, unsigned seed) {
+  std::mt19937_64 rng(seed);
+  const uint64_t window = kElements / 100;
+  const uint64_t starts[3] = {kElements / 40, kElements / 16, kElements / 10};
+  std::vector<std::vector<uint64_t>> out;
+  for (int r = 0; r < ranks; ++r) {
+    std::set<uint64_t> chosen;
+    while (chosen.size() < k) {
+      if (clustered && rng() % 10 < 8) {
+        chosen.insert(starts[rng() % 3] + rng() % window);
+      } else {
+        chosen.insert(rng() % kElements);
+      }
+    }
+    out.emplace_back(chosen.begin(), chosen.end());
+  }
+  return out;
+}
+
+TEST(SlicePlan, HistogramCountsMatchTheIndices) {
+  for (bool clustered : {false, true}) {
+    for (int ranks : {1, 2, 4, 8}) {
+      for (SlicePartition kind : {SlicePartition::balanced, SlicePartition::equal}) {
+        SCOPED_TRACE(std::string(clustered ? "clustered" : "uniform") + ", " + std::to_string(ranks) + " ranks, " +
+                     (kind == SlicePartition::balanced ? "balanced" : "equal"));
+        const auto chosen = selections(ranks, 20000, clustered, 7 * ranks + clustered);
+        std::vector<std::vector<uint64_t>> histograms;
+        for (const auto& indices : chosen) histograms.push_back(selection_histogram(indices, kElements, kBins));
+        const std::vector<uint64_t> loads = bin_loads(histograms);
+        std::vector<uint64_t> owner_loads(ranks, 0);
+        std::vector<uint64_t> first_edges;
+        for (int rank = 0; rank < ranks; ++rank) {
+          const SlicePlan plan = plan_slices(histograms[rank], loads, ranks, kElements, kind);
+          ASSERT_EQ(plan.edges.size(), static_cast<size_t>(ranks) + 1);
+          EXPECT_EQ(plan.edges.front(), 0u);
+          EXPECT_EQ(plan.edges.back(), kElements);
+          if (rank == 0) first_edges = plan.edges;
+          EXPECT_EQ(plan.edges, first_edges) << "rank " << rank << " cut differently";
+          const auto& indices = chosen[rank];
+          ASSERT_EQ(plan.send_offsets.size(), static_cast<size_t>(ranks) + 1);
+          for (int r = 0; r < ranks; ++r) {
+            const auto first = std::lower_bound(indices.begin(), indices.end(), plan.edges[r]);
+            const auto last = std::lower_bound(indices.begin(), indices.end(), plan.edges[r + 1]);
+            EXPECT_EQ(plan.send_counts[r], static_cast<uint64_t>(last - first)) << "slice " << r;
+            EXPECT_EQ(plan.send_offsets[r], static_cast<uint64_t>(first - indices.begin())) << "slice " << r;
+            owner_loads[r] += plan.send_counts[r];
+          }
+          EXPECT_EQ(plan.send_offsets.back(), indices.size());
+          if (rank == ranks - 1) {
+            EXPECT_EQ(owner_loads, plan.partition.loads);
+            if (clustered && ranks > 1) {
+              if (kind == SlicePartition::balanced) {
+                EXPECT_LE(plan.partition.imbalance, 1.2);
+              } else {
+                EXPECT_GT(plan.partition.imbalance, 1.5);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(SlicePlan, MismatchedBinsAreRefused) {
+  const std::vector<uint64_t> histogram(8, 1), loads(16, 1);
+  EXPECT_THROW(plan_slices(histogram, loads, 2, 1000, SlicePartition::balanced), std::invalid_argument);
+}
+
+TEST(GatherPlan, EachSliceInItsSmallerForm) {
+  // Slices of 300, 300, 0, 1000 and 7 elements.
+  const std::vector<uint64_t> edges = {0, 300, 600, 600, 1600, 1607};
+  const std::vector<uint64_t> nonzero = {99, 100, 0, 0, 7};
+  const GatherPlan plan = plan_gather(edges, nonzero);
+  // 99 entries: 594 bytes against 600 dense; 100: 600 against 600, a tie goes dense; the empty
+  // slice sends nothing; a slice without a nonzero sum sends no entries; 7 of 7: dense, 14 bytes.
+  EXPECT_EQ(plan.dense, (std::vector<bool>{false, true, true, false, true}));
+  EXPECT_EQ(plan.offsets, (std::vector<uint64_t>{0, 99, 99, 99, 99, 99}));
+  EXPECT_EQ(plan.bytes, 594.0 + 600.0 + 0.0 + 0.0 + 14.0);
+  EXPECT_EQ(plan.dense_slices, 2);
+  EXPECT_EQ(plan.entries, 206u);
+  EXPECT_THROW(plan_gather(edges, std::vector<uint64_t>{301, 0, 0, 0, 0}), std::invalid_argument);
+  EXPECT_THROW(plan_gather(edges, std::vector<uint64_t>{1, 2}), std::invalid_argument);
+}
+
+// Whatever the slices and their counts, the entry slices fit gather_capacity.
+TEST(GatherPlan, EntrySlicesFitTheBound) {
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int ranks = 1 + static_cast<int>(rng() % 8);
+    const uint64_t elements = 1 + rng() % 100000;
+    std::vector<uint64_t> edges = {0, elements};
+    for (int r = 1; r < ranks; ++r) edges.push_back(rng() % (elements + 1));
+    std::sort(edges.begin(), edges.end());
+    std::vector<uint64_t> nonzero;
+    uint64_t received = 0;
+    for (int r = 0; r < ranks; ++r) {
+      const uint64_t length = edges[r + 1] - edges[r];
+      nonzero.push_back(length == 0 ? 0 : rng() % (length + 1));
+      received += nonzero.back() + rng() % 5;  // the entries received bound the nonzero sums
+    }
+    const GatherPlan plan = plan_gather(edges, nonzero);
+    ASSERT_LE(plan.offsets.back(), gather_capacity(elements, received)) << "trial " << trial;
+    double smallest = 0;
+    for (int r = 0; r < ranks; ++r)
+      smallest += static_cast<double>(std::min(2 * (edges[r + 1] - edges[r]), kEntryBytes * nonzero[r]));
+    ASSERT_EQ(plan.bytes, smallest) << "trial " << trial;
+  }
+}
+
+TEST(BusBytes, NcclTestsDefinitions) {
+  EXPECT_EQ(allgather_bus_bytes(1200, 4), 900);
+  EXPECT_EQ(allreduce_bus_bytes(1200, 4), 1800);
+  EXPECT_EQ(allgather_bus_bytes(1200, 1), 0);
+  EXPECT_EQ(allreduce_bus_bytes(1200, 1), 0);
+}
+
+}  // namespace
+}  // namespace fusekit::dp
