@@ -225,9 +225,21 @@ TEST_P(BertBaselineAmpTest, GradientsCloseToFp32) {
   const std::vector<models::HostTensor> reference = fp32.gradients();
   const std::vector<models::HostTensor> gradients = amp.gradients();
   ASSERT_EQ(gradients.size(), reference.size());
-  double worst = 0;
+  double worst = 0, largest = 0;
   std::string worst_name;
+  auto norm = [](const std::vector<float>& v) {
+    double n = 0;
+    for (float x : v) n += static_cast<double>(x) * x;
+    return std::sqrt(n);
+  };
+  for (const models::HostTensor& r : reference) largest = std::max(largest, norm(r.values));
   for (size_t i = 0; i < gradients.size(); ++i) {
+    // The key bias's gradient is exactly zero (the softmax cancels q.b_k): both runs hold rounding
+    // noise, which must stay small against the other gradients; no relative error is defined.
+    if (gradients[i].name.find("attention.self.key.bias") != std::string::npos) {
+      EXPECT_LE(norm(gradients[i].values), 1e-3 * largest) << gradients[i].name;
+      continue;
+    }
     const double error = relative_error(gradients[i].values, reference[i].values);
     EXPECT_LE(error, bound) << gradients[i].name;
     if (error >= worst) {

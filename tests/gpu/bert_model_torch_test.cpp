@@ -107,10 +107,19 @@ TEST_P(BertModelTest, GradientsWithinTwiceTheAmpBaselinesError) {
   // type's unit roundoff (fp16 2^-11, bf16 2^-8), twice.
   const double floor = 2 * (dtype == DType::bf16 ? 0x1p-8 : 0x1p-11);
   int checked = 0;
+  double largest = 0;
+  for (const HostTensor& r : g_reference) largest = std::max(largest, norm(r.values));
   for (const HostTensor& r : g_reference) {
     const HostTensor& a = find(g_amp, r.name);
     const HostTensor& f = find(g_fused, r.name);
     ASSERT_EQ(f.shape, r.shape) << r.name;
+    // The key bias's gradient is exactly zero (the softmax cancels q.b_k): rounding noise in every
+    // run, which must stay small against the other gradients; no relative error is defined.
+    if (r.name.find("attention.self.key.bias") != std::string::npos) {
+      EXPECT_LE(norm(f.values), 1e-3 * largest) << r.name;
+      ++checked;
+      continue;
+    }
     const double scale = norm(r.values);
     ASSERT_GT(scale, 0) << r.name << ": the fp32 gradient is zero";
     const double error_amp = distance(a.values, r.values) / scale;
