@@ -123,6 +123,8 @@ std::string case_json(const CaseResult& c) {
   std::vector<std::string> samples;
   samples.reserve(c.samples_ns.size());
   for (double s : c.samples_ns) samples.push_back(json_number(s));
+  JsonObject metrics;
+  for (const store::CaseMetric& m : c.metrics) metrics.add(m.name, m.value);
   return JsonObject()
       .add("id", c.id)
       .add("name", c.info.name)
@@ -142,6 +144,7 @@ std::string case_json(const CaseResult& c) {
       .add("bandwidth_percent", c.bandwidth_percent)
       .add("flops_per_s", c.flops_per_s)
       .raw("samples_ns", json_array(samples))
+      .raw("metrics", metrics.str())
       .str();
 }
 

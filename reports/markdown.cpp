@@ -113,12 +113,24 @@ ReportTable case_table(const RunReport& report) {
   const auto optional = [](const std::optional<double>& v, double scale, int decimals, const char* unit = "") {
     return v ? fixed(*v * scale, decimals) + unit : std::string("-");
   };
+  // Peak device memory, a column only where a case measured it (the models suite's steps).
+  const bool any_memory = std::any_of(report.cases.begin(), report.cases.end(), [](const CaseResult& c) {
+    return case_metric(c, "peak_memory_bytes").has_value();
+  });
+  if (any_memory) {
+    t.header.insert(t.header.begin() + 7, "Peak memory (MiB)");
+    t.text_from = 8;
+  }
   for (const CaseResult& c : report.cases) {
     t.rows.push_back({format_microseconds(c.median_ns),
                       format_microseconds(c.q1_ns) + "–" + format_microseconds(c.q3_ns),
                       std::to_string(c.samples_ns.size()), optional(c.speedup, 1, 2, "x"),
                       optional(c.bandwidth_bytes_per_s, 1e-9, 1), optional(c.bandwidth_percent, 1, 1),
                       optional(c.flops_per_s, 1e-12, 2), c.info.variant, c.info.name});
+    if (any_memory) {
+      t.rows.back().insert(t.rows.back().begin() + 7,
+                           optional(case_metric(c, "peak_memory_bytes"), 1.0 / (1 << 20), 0));
+    }
   }
   return t;
 }

@@ -27,10 +27,18 @@ std::vector<CaseResult> load_case_results(const store::Store& store, int64_t run
     c.id = stored.id;
     c.info = std::move(stored.info);
     c.samples_ns = std::move(stored.samples_ns);
+    c.metrics = std::move(stored.metrics);
     cases.push_back(std::move(c));
   }
   derive_case_statistics(cases, store.run(run).copy_ceiling_bytes_per_second);
   return cases;
+}
+
+std::optional<double> case_metric(const CaseResult& c, const std::string& name) {
+  for (const store::CaseMetric& m : c.metrics) {
+    if (m.name == name) return m.value;
+  }
+  return std::nullopt;
 }
 
 RunReport load_run_report(const store::Store& store, int64_t run) {

@@ -37,7 +37,11 @@ struct CaseResult {
   std::optional<double> bandwidth_bytes_per_s;  // bytes / median
   std::optional<double> bandwidth_percent;      // of the run's copy ceiling
   std::optional<double> flops_per_s;
+  std::vector<store::CaseMetric> metrics;  // measured once per case (store/run_records.h)
 };
+
+// The case's metric of this name ("peak_memory_bytes"), if it has one.
+std::optional<double> case_metric(const CaseResult& c, const std::string& name);
 
 struct RunReport {
   RunInfo run;

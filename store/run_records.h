@@ -42,11 +42,21 @@ struct CaseInfo {
   double flops = 0;
 };
 
-// A case as stored: its row id, what it is, and every timed repetition in order.
+// A number measured once per case besides its timings, by name: "peak_memory_bytes" (the device
+// memory a variant held at its peak while the case ran: what it allocated, not what an allocator
+// cached). Stored in the table case_metrics (one row per case and name); stores written before it
+// existed have none.
+struct CaseMetric {
+  std::string name;
+  double value = 0;
+};
+
+// A case as stored: its row id, what it is, every timed repetition in order, and its metrics.
 struct StoredCase {
   int64_t id = 0;
   CaseInfo info;
   std::vector<double> samples_ns;
+  std::vector<CaseMetric> metrics;
 };
 
 }  // namespace fusekit::store

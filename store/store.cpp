@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <fstream>
 #include <unordered_map>
@@ -60,6 +61,7 @@ CREATE TABLE cases(
   id INTEGER PRIMARY KEY, runId INTEGER NOT NULL REFERENCES runs(id), name TEXT NOT NULL, op TEXT,
   shape TEXT, dtype TEXT, variant TEXT NOT NULL, bytes REAL, flops REAL);
 CREATE TABLE samples(caseId INTEGER NOT NULL REFERENCES cases(id), rep INTEGER NOT NULL, nanoseconds REAL NOT NULL);
+CREATE TABLE case_metrics(caseId INTEGER NOT NULL REFERENCES cases(id), name TEXT NOT NULL, value REAL NOT NULL);
 CREATE INDEX kernel_run ON CUPTI_ACTIVITY_KIND_KERNEL(runId);
 CREATE INDEX runtime_run ON CUPTI_ACTIVITY_KIND_RUNTIME(runId);
 CREATE INDEX nvtx_run ON NVTX_EVENTS(runId);
@@ -391,7 +393,13 @@ void Store::append_trace(int64_t run, const profiler::Trace& trace) {
   tx.commit();
 }
 
-int64_t Store::add_case(int64_t run, const CaseInfo& info, const std::vector<double>& samples_ns) {
+int64_t Store::add_case(int64_t run, const CaseInfo& info, const std::vector<double>& samples_ns,
+                        const std::vector<CaseMetric>& metrics) {
+  for (const CaseMetric& m : metrics) {
+    if (m.name.empty() || !std::isfinite(m.value)) {
+      throw StoreError(path_ + ": case " + info.name + ": a metric needs a name and a finite value");
+    }
+  }
   Transaction tx(db_, path_);
   Statement insert(db_, path_,
                    "INSERT INTO cases(runId, name, op, shape, dtype, variant, bytes, flops) VALUES (?,?,?,?,?,?,?,?)");
@@ -401,6 +409,15 @@ int64_t Store::add_case(int64_t run, const CaseInfo& info, const std::vector<dou
   Statement sample(db_, path_, "INSERT INTO samples(caseId, rep, nanoseconds) VALUES (?,?,?)");
   for (size_t i = 0; i < samples_ns.size(); ++i) {
     sample.bind(1, case_id).bind(2, static_cast<int64_t>(i)).bind(3, samples_ns[i]).run();
+  }
+  if (!metrics.empty()) {
+    // Stores made before the table existed get it on their first metric (same schema version: a
+    // reader that does not know the table ignores it).
+    exec(db_, path_,
+         "CREATE TABLE IF NOT EXISTS case_metrics(caseId INTEGER NOT NULL REFERENCES cases(id), name TEXT NOT NULL, "
+         "value REAL NOT NULL)");
+    Statement metric(db_, path_, "INSERT INTO case_metrics(caseId, name, value) VALUES (?,?,?)");
+    for (const CaseMetric& m : metrics) metric.bind(1, case_id).bind(2, m.name).bind(3, m.value).run();
   }
   tx.commit();
   return case_id;
@@ -598,6 +615,15 @@ std::vector<StoredCase> Store::load_cases(int64_t run_id) const {
     samples.bind(1, c.id);
     while (samples.step()) c.samples_ns.push_back(samples.real(0));
     samples.reset();
+  }
+  Statement has_metrics(db_, path_, "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='case_metrics'");
+  has_metrics.step();
+  if (has_metrics.integer(0) == 0) return cases;
+  Statement metrics(db_, path_, "SELECT name, value FROM case_metrics WHERE caseId = ? ORDER BY rowid");
+  for (StoredCase& c : cases) {
+    metrics.bind(1, c.id);
+    while (metrics.step()) c.metrics.push_back({metrics.text(0), metrics.real(1)});
+    metrics.reset();
   }
   return cases;
 }

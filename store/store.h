@@ -57,8 +57,9 @@ class Store {
 
   // One transaction; adds trace.dropped_records to the run's count.
   void append_trace(int64_t run, const profiler::Trace& trace);
-  // One transaction: the case and all its samples.
-  int64_t add_case(int64_t run, const CaseInfo& info, const std::vector<double>& samples_ns);
+  // One transaction: the case, all its samples and its metrics (names non-empty, values finite).
+  int64_t add_case(int64_t run, const CaseInfo& info, const std::vector<double>& samples_ns,
+                   const std::vector<CaseMetric>& metrics = {});
 
   RunInfo run(int64_t id) const;  // throws StoreError if there is no such run
   int64_t latest_run() const;     // throws StoreError if the store has no run

@@ -55,7 +55,7 @@ class ResultLineReader {
 
   PeerResult read() {
     PeerResult result;
-    bool has_name = false, has_variant = false, has_samples = false;
+    bool has_name = false, has_variant = false, has_samples = false, has_metrics = false;
     expect('{', "a JSON object");
     if (!consume('}')) {
       do {
@@ -70,8 +70,12 @@ class ResultLineReader {
           if (has_samples) throw std::runtime_error("\"samples_ns\" given twice");
           has_samples = true;
           result.samples_ns = read_numbers();
+        } else if (key == "metrics") {
+          if (has_metrics) throw std::runtime_error("\"metrics\" given twice");
+          has_metrics = true;
+          result.metrics = read_metrics();
         } else {
-          throw std::runtime_error("unknown field \"" + key + "\" (expected name, variant, samples_ns)");
+          throw std::runtime_error("unknown field \"" + key + "\" (expected name, variant, samples_ns, metrics)");
         }
       } while (consume(','));
       expect('}', "',' or '}'");
@@ -159,34 +163,55 @@ class ResultLineReader {
     throw std::runtime_error("unterminated string");
   }
 
-  // A JSON array of numbers; NaN, Infinity and -Infinity (as Python's json writes them) are read
-  // too, so that the check of the samples names them.
+  // One JSON number; NaN, Infinity and -Infinity (as Python's json writes them) are read too, so
+  // that the checks name them. `what` names it in the error.
+  double read_number(const std::string& what) {
+    skip_space();
+    const size_t start = position_;
+    while (position_ < text_.size() && std::strchr("+-.0123456789eEINaftiny", text_[position_]) != nullptr &&
+           text_[position_] != '\0') {
+      ++position_;
+    }
+    const std::string_view token = text_.substr(start, position_ - start);
+    double value = 0;
+    if (token == "NaN") {
+      value = std::numeric_limits<double>::quiet_NaN();
+    } else if (token == "Infinity" || token == "-Infinity") {
+      value = token[0] == '-' ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
+    } else {
+      const auto [end, error] = std::from_chars(token.data(), token.data() + token.size(), value);
+      if (token.empty() || error != std::errc() || end != token.data() + token.size()) {
+        throw std::runtime_error(what + " is not a number");
+      }
+    }
+    return value;
+  }
+
+  // A JSON array of numbers.
   std::vector<double> read_numbers() {
     expect('[', "\"samples_ns\" as an array of numbers");
     std::vector<double> out;
     if (consume(']')) return out;
     do {
-      skip_space();
-      const size_t start = position_;
-      while (position_ < text_.size() && std::strchr("+-.0123456789eEINaftiny", text_[position_]) != nullptr &&
-             text_[position_] != '\0') {
-        ++position_;
-      }
-      const std::string_view token = text_.substr(start, position_ - start);
-      double value = 0;
-      if (token == "NaN") {
-        value = std::numeric_limits<double>::quiet_NaN();
-      } else if (token == "Infinity" || token == "-Infinity") {
-        value = token[0] == '-' ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
-      } else {
-        const auto [end, error] = std::from_chars(token.data(), token.data() + token.size(), value);
-        if (token.empty() || error != std::errc() || end != token.data() + token.size()) {
-          throw std::runtime_error("samples_ns[" + std::to_string(out.size()) + "] is not a number");
-        }
-      }
-      out.push_back(value);
+      out.push_back(read_number("samples_ns[" + std::to_string(out.size()) + "]"));
     } while (consume(','));
     expect(']', "',' or ']' in \"samples_ns\"");
+    return out;
+  }
+
+  // A JSON object of numbers: {"peak_memory_bytes": 123}.
+  std::vector<store::CaseMetric> read_metrics() {
+    expect('{', "\"metrics\" as an object of numbers");
+    std::vector<store::CaseMetric> out;
+    if (consume('}')) return out;
+    do {
+      store::CaseMetric m;
+      m.name = read_string("a metric name");
+      expect(':', "':' after \"" + m.name + "\"");
+      m.value = read_number("metrics." + m.name);
+      out.push_back(std::move(m));
+    } while (consume(','));
+    expect('}', "',' or '}' in \"metrics\"");
     return out;
   }
 
@@ -239,6 +264,14 @@ std::vector<PeerResult> parse_peer_results(const std::string& text, const std::v
         throw std::runtime_error("variant \"" + r.variant + "\" does not name a peer (peer:<name>)");
       }
       if (r.samples_ns.empty()) throw std::runtime_error("no samples");
+      for (size_t i = 0; i < r.metrics.size(); ++i) {
+        const store::CaseMetric& m = r.metrics[i];
+        if (m.name.empty()) throw std::runtime_error("a metric without a name");
+        if (!std::isfinite(m.value)) throw std::runtime_error("metrics." + m.name + " is not finite");
+        for (size_t j = 0; j < i; ++j) {
+          if (r.metrics[j].name == m.name) throw std::runtime_error("metrics." + m.name + " given twice");
+        }
+      }
       for (size_t i = 0; i < r.samples_ns.size(); ++i) {
         if (!std::isfinite(r.samples_ns[i]) || !(r.samples_ns[i] > 0)) {
           throw std::runtime_error("samples_ns[" + std::to_string(i) + "] = " + std::to_string(r.samples_ns[i]) +
@@ -266,7 +299,7 @@ void record_peer_results(store::Store& store, int64_t run, const std::vector<Pee
     if (it == listed.end()) throw std::invalid_argument("peer result for a case not listed: " + r.name);
     store::CaseInfo info = it->second->info;
     info.variant = r.variant;
-    store.add_case(run, info, r.samples_ns);
+    store.add_case(run, info, r.samples_ns, r.metrics);
   }
 }
 

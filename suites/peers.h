@@ -10,7 +10,9 @@
 //   results  (peer -> fusekit): one JSON object per line, a case and a variant each:
 //            {"name": "layernorm/8192x768/fp16/fwd", "variant": "peer:eager", "samples_ns": [...]}
 //            name one of the listed cases; variant "peer:<something>"; samples_ns every timed
-//            sample, in order, each finite and positive. Blank lines are skipped.
+//            sample, in order, each finite and positive; optionally "metrics": {"<name>": number,
+//            ...}, stored with the case (store::CaseMetric: "peak_memory_bytes"), each finite and
+//            named once. Blank lines are skipped.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +31,7 @@ struct PeerResult {
   std::string name;
   std::string variant;
   std::vector<double> samples_ns;
+  std::vector<store::CaseMetric> metrics;
 };
 
 // The results in `text`, every line checked against `cases` before any is returned. A bad line

@@ -114,7 +114,7 @@ uint64_t run_cases(store::Store& store, int64_t run, const std::vector<Case>& ca
       FUSEKIT_CUDA_CHECK(cudaEventElapsedTime(&ms, e.start_, e.stop_));
       samples.push_back(static_cast<double>(ms) * 1e6 / batch);
     }
-    store.add_case(run, c.info, samples);
+    store.add_case(run, c.info, samples, c.metrics ? c.metrics() : std::vector<store::CaseMetric>{});
   }
   if (options.traced_repetitions <= 0) return dropped;
 

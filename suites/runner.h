@@ -29,6 +29,9 @@ struct Case {
   // many cases holds the device memory of one case at a time.
   std::function<void(cudaStream_t stream)> setup;
   std::function<void()> release;
+  // Optional: called once after the timed samples (before the case is released), its numbers
+  // stored with the case (store::CaseMetric), e.g. the peak device memory of a training step.
+  std::function<std::vector<store::CaseMetric>()> metrics = nullptr;
 };
 
 struct RunnerOptions {

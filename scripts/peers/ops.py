@@ -139,8 +139,9 @@ def main() -> int:
                 with torch.enable_grad() if case.backward else torch.no_grad():
                     samples = time_case(step, case.sets, args.warmup, args.warmup_ms, args.reps, args.sample_us,
                                         label)
+                metrics = case.metrics() if case.metrics else None
                 if results is not None:
-                    results.write(result_line(case.name, f"peer:{variant}", samples))
+                    results.write(result_line(case.name, f"peer:{variant}", samples, metrics))
                     results.flush()
             if case.release:
                 case.release()

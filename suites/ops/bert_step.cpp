@@ -13,19 +13,23 @@
 // of the synthetic MLM data (models/mlm_data.h, seed 0). The case's flops are the step's matrix
 // products (forward x 3: the backward's two products per forward one), attention's included, the
 // head's on the masked rows that the fused step computes (the others compute all rows: more work,
-// not counted). Bytes: 0 (a step is not a copy).
+// not counted). Bytes: 0 (a step is not a copy). Each variant also stores its peak device memory
+// (store::CaseMetric "peak_memory_bytes", below; the peers the same from PyTorch's allocator).
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "kernels/cuda_check.h"
 #include "models/bert_fused.h"
 #include "models/bert_init.h"
 #include "models/memory_plan.h"
 #include "suites/ops/ops_suite.h"
 
 #ifdef FUSEKIT_WITH_TORCH
+#include <c10/cuda/CUDACachingAllocator.h>
+
 #include "baselines/models/bert_baseline.h"
 #include "suites/ops/torch_operands.h"
 #endif
@@ -43,9 +47,28 @@ double step_flops(const models::BertConfig& c) {
   return 3 * (c.layers * per_layer + head);
 }
 
+// Device memory in use now (all allocations on the device, this process's context included).
+double device_bytes_in_use() {
+  size_t free = 0, total = 0;
+  FUSEKIT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return static_cast<double>(total - free);
+}
+
 struct StepOperands {
   std::unique_ptr<models::BertMlmModel> model;
+  double bytes_before = 0;  // device memory in use before the model was built
 };
+
+// The case's "peak_memory_bytes": the device memory the variant holds after its timed steps, over
+// what was in use before it was built. The fused step allocates everything when it is built and
+// nothing in a step; PyTorch's caching allocator keeps the blocks of a step's peak reserved, so
+// after the steps it holds its peak (its cache is emptied before the variant is built, so that the
+// cases before it are not counted). What the allocators hold, as nvidia-smi shows it: the number
+// that decides whether a batch fits.
+std::vector<store::CaseMetric> peak_memory(const StepOperands& o) {
+  FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());
+  return {{"peak_memory_bytes", device_bytes_in_use() - o.bytes_before}};
+}
 
 std::vector<Case> bert_step_cases(const std::string& shape, kernels::DType dtype) {
   const models::BertConfig config = models::parse_bert_config(shape + ":" + models::dtype_spec_name(dtype));
@@ -53,6 +76,7 @@ std::vector<Case> bert_step_cases(const std::string& shape, kernels::DType dtype
   info.flops = step_flops(config);
   auto operands = std::make_shared<std::optional<StepOperands>>();
   auto release = [operands] { operands->reset(); };
+  auto metrics = [operands] { return peak_memory(**operands); };
   auto prepare = [config](models::BertMlmModel& model) {
     const models::BertInitialWeights weights(config, 1, config.dtype);
     model.load_state_dict(weights.tensors());
@@ -71,10 +95,11 @@ std::vector<Case> bert_step_cases(const std::string& shape, kernels::DType dtype
   cases.push_back({info, run,
                    [operands, config, prepare](cudaStream_t) {
                      operands->emplace();
+                     (*operands)->bytes_before = device_bytes_in_use();
                      (*operands)->model = std::make_unique<models::FusedBert>(config, models::BertTrainOptions{});
                      prepare(*(*operands)->model);
                    },
-                   release});
+                   release, metrics});
 #ifdef FUSEKIT_WITH_TORCH
   info.variant = "baseline";
   cases.push_back({info,
@@ -85,11 +110,18 @@ std::vector<Case> bert_step_cases(const std::string& shape, kernels::DType dtype
                    [operands, config, prepare](cudaStream_t stream) {
                      TorchStream on_stream(stream);
                      operands->emplace();
+                     FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());
+                     c10::cuda::CUDACachingAllocator::emptyCache();
+                     (*operands)->bytes_before = device_bytes_in_use();
                      (*operands)->model = std::make_unique<baselines::BaselineBert>(config, models::BertTrainOptions{},
                                                                                     baselines::BaselinePrecision::amp);
                      prepare(*(*operands)->model);
                    },
-                   release});
+                   [operands] {
+                     operands->reset();
+                     c10::cuda::CUDACachingAllocator::emptyCache();  // the next case starts from what it needs
+                   },
+                   metrics});
 #endif
   return cases;
 }

@@ -142,7 +142,14 @@ TEST(PeerResults, EachBadLineNamesItsLineAndFault) {
   EXPECT_EQ(error_of("{\"variant\": \"peer:eager\", \"samples_ns\": [1]}"), "results line 1: no \"name\"");
   EXPECT_EQ(error_of("{" + name + ", \"variant\": \"peer:eager\"}"), "results line 1: no \"samples_ns\"");
   EXPECT_EQ(error_of("{" + name + ", \"variant\": \"peer:eager\", \"samples_ns\": [1], \"bytes\": 5}"),
-            "results line 1: unknown field \"bytes\" (expected name, variant, samples_ns)");
+            "results line 1: unknown field \"bytes\" (expected name, variant, samples_ns, metrics)");
+  const std::string with = "{" + name + ", \"variant\": \"peer:eager\", \"samples_ns\": [1], \"metrics\": ";
+  EXPECT_EQ(error_of(with + "{\"peak_memory_bytes\": NaN}}"),
+            "results line 1: metrics.peak_memory_bytes is not finite");
+  EXPECT_EQ(error_of(with + "{\"a\": 1, \"a\": 2}}"), "results line 1: metrics.a given twice");
+  EXPECT_EQ(error_of(with + "{\"\": 1}}"), "results line 1: a metric without a name");
+  EXPECT_EQ(error_of(with + "{\"a\": \"1\"}}"), "results line 1: metrics.a is not a number");
+  EXPECT_EQ(error_of(with + "[1]}"), "results line 1: expected \"metrics\" as an object of numbers at column 96");
   EXPECT_EQ(error_of("{" + name + ", " + name + "}"), "results line 1: \"name\" given twice");
   EXPECT_EQ(error_of("{\"name\": 5}"), "results line 1: expected \"name\" as a string at column 10");
   EXPECT_EQ(error_of("{" + name + ", \"variant\": \"peer:eager\", \"samples_ns\": 1}"),
@@ -184,6 +191,26 @@ TEST_F(PeerRecording, ResultsBecomeCasesWithTheListedDescription) {
   EXPECT_EQ(stored[0].info.flops, cases[0].info.flops);
   EXPECT_EQ(stored[0].samples_ns, (std::vector<double>{300, 100, 200}));
   EXPECT_EQ(reports::load_case_results(store, run).at(0).median_ns, 200);
+}
+
+TEST_F(PeerRecording, MetricsAreParsedAndStoredWithTheCase) {
+  const std::vector<ListedCase> cases = list_ops_cases({"linear", "8192x768x3072:bias", "bf16", true, {}, "ops"});
+  store::Store store = store::Store::open(dir_ + "/metrics.db", store::Store::Mode::create);
+  const int64_t run = store.begin_run({});
+  const std::string text =
+      "{\"name\": \"linear/8192x768x3072:bias/bf16/fwd+bwd\", \"variant\": \"peer:eager\", "
+      "\"samples_ns\": [300], \"metrics\": {\"peak_memory_bytes\": 1.5e9, \"other\": 2}}\n"
+      "{\"name\": \"linear/8192x768x3072:bias/bf16/fwd+bwd\", \"variant\": \"peer:compile\", "
+      "\"samples_ns\": [200], \"metrics\": {}}\n";
+  record_peer_results(store, run, parse_peer_results(text, cases, "results"), cases);
+  const std::vector<store::StoredCase> stored = store.load_cases(run);
+  ASSERT_EQ(stored.size(), 2u);
+  ASSERT_EQ(stored[0].metrics.size(), 2u);
+  EXPECT_EQ(stored[0].metrics[0].name, "peak_memory_bytes");
+  EXPECT_EQ(stored[0].metrics[0].value, 1.5e9);
+  EXPECT_EQ(stored[0].metrics[1].name, "other");
+  EXPECT_TRUE(stored[1].metrics.empty());
+  EXPECT_EQ(reports::case_metric(reports::load_case_results(store, run).at(0), "peak_memory_bytes"), 1.5e9);
 }
 
 TEST_F(PeerRecording, PeerFilesHoldTheListingAndGoAway) {

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -188,6 +189,37 @@ TEST_F(StoreTest, RoundTripKeepsEveryField) {
   EXPECT_EQ(report.totals.kernels, 50u);
   ASSERT_EQ(report.kernels.size(), 2u);
   EXPECT_EQ(report.kernels[0].instances + report.kernels[1].instances, 50u);
+}
+
+// Case metrics: stored with their case, read back in order; a store made before the table existed
+// reads without metrics and gets the table on its first metric; a bad metric is refused.
+TEST_F(StoreTest, CaseMetricsRoundTripAndOlderStoresReadWithout) {
+  const std::string db = path("metrics.db");
+  {
+    Store store = Store::open(db, Store::Mode::create);
+    const int64_t run = store.begin_run({});
+    CaseInfo c{"m/x/fp16", "m", "x", "fp16", "fused", 0, 1e12};
+    store.add_case(run, c, {10, 20}, {{"peak_memory_bytes", 3e9}, {"steps", 4}});
+    EXPECT_THROW(store.add_case(run, c, {10}, {{"peak_memory_bytes", NAN}}), StoreError);
+    EXPECT_THROW(store.add_case(run, c, {10}, {{"", 1}}), StoreError);
+    const std::vector<StoredCase> cases = store.load_cases(run);
+    ASSERT_EQ(cases.size(), 1u);  // the refused ones left nothing
+    ASSERT_EQ(cases[0].metrics.size(), 2u);
+    EXPECT_EQ(cases[0].metrics[0].name, "peak_memory_bytes");
+    EXPECT_EQ(cases[0].metrics[0].value, 3e9);
+    EXPECT_EQ(cases[0].metrics[1].name, "steps");
+  }
+  {  // as a store written before case_metrics existed
+    sqlite3* raw = nullptr;
+    ASSERT_EQ(sqlite3_open(db.c_str(), &raw), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(raw, "DROP TABLE case_metrics", nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(raw);
+  }
+  Store store = Store::open(db, Store::Mode::read_write);
+  const int64_t run = store.latest_run();
+  EXPECT_TRUE(store.load_cases(run).at(0).metrics.empty());
+  store.add_case(run, {"m/y/fp16", "m", "y", "fp16", "fused", 0, 0}, {5}, {{"peak_memory_bytes", 1}});
+  EXPECT_EQ(store.load_cases(run).at(1).metrics.at(0).value, 1);
 }
 
 TEST_F(StoreTest, NsysStyleJoinRunsUnchanged) {

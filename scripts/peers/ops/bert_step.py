@@ -152,6 +152,7 @@ def make_case(case):
         state.clear()
         gc.collect()
         torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()  # the variant's peak: metrics() below
         if not batches:
             batches.extend(device_batches(batch, sequence))
         model = make_model(preset)
@@ -196,4 +197,10 @@ def make_case(case):
         batches.clear()
         gc.collect()
 
-    return PeerCase(case.name, BATCHES, make_step, function, False, release=release)
+    def metrics():
+        """The most memory PyTorch's allocator held for this variant (model, optimizer, batches, a
+        step's activations): what the C++ variants' peak_memory_bytes measures for them."""
+        torch.cuda.synchronize()
+        return {"peak_memory_bytes": torch.cuda.max_memory_reserved()}
+
+    return PeerCase(case.name, BATCHES, make_step, function, False, release=release, metrics=metrics)

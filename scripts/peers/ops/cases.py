@@ -46,6 +46,10 @@ def read_cases(path: str) -> list:
         return parse_cases(f.read(), path)
 
 
-def result_line(name: str, variant: str, samples_ns: list) -> str:
-    """One result: the case's name, its variant ("peer:eager"), every sample in nanoseconds."""
-    return json.dumps({"name": name, "variant": variant, "samples_ns": [float(s) for s in samples_ns]}) + "\n"
+def result_line(name: str, variant: str, samples_ns: list, metrics: dict = None) -> str:
+    """One result: the case's name, its variant ("peer:eager"), every sample in nanoseconds, and
+    optionally named numbers measured once ({"peak_memory_bytes": ...})."""
+    result = {"name": name, "variant": variant, "samples_ns": [float(s) for s in samples_ns]}
+    if metrics:
+        result["metrics"] = {key: float(value) for key, value in metrics.items()}
+    return json.dumps(result) + "\n"

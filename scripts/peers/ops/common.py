@@ -16,6 +16,9 @@ class PeerCase:
     function: Callable          # the eager function; torch.compile wraps it
     backward: bool
     release: Optional[Callable] = None  # frees the inputs
+    # After a variant's timed samples: numbers stored with its result (suites/peers.h "metrics"),
+    # e.g. {"peak_memory_bytes": ...}.
+    metrics: Optional[Callable] = None
 
 
 def rotation_sets(bytes_per_set: int) -> int:
