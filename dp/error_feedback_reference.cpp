@@ -7,7 +7,8 @@
 namespace fusekit::dp {
 
 std::vector<double> error_feedback_step_reference(ErrorFeedbackState& state, const std::vector<double>& gradient,
-                                                  double momentum, const std::vector<uint32_t>& selected) {
+                                                  double momentum, const std::vector<uint32_t>& selected,
+                                                  const std::vector<double>& wire_values) {
   const size_t n = state.residual.size();
   if (gradient.size() != n || state.momentum.size() != n)
     throw std::invalid_argument("error feedback reference: a gradient of " + std::to_string(gradient.size()) +
@@ -20,13 +21,17 @@ std::vector<double> error_feedback_step_reference(ErrorFeedbackState& state, con
       state.residual[i] += gradient[i];
     }
   }
+  if (!wire_values.empty() && wire_values.size() != selected.size())
+    throw std::invalid_argument("error feedback reference: " + std::to_string(wire_values.size()) +
+                                " wire values for " + std::to_string(selected.size()) + " selected entries");
   std::vector<double> sent;
   sent.reserve(selected.size());
-  for (uint32_t i : selected) {
+  for (size_t k = 0; k < selected.size(); ++k) {
+    const uint32_t i = selected[k];
     if (i >= n)
       throw std::invalid_argument("error feedback reference: index " + std::to_string(i) + " >= " + std::to_string(n));
     sent.push_back(state.residual[i]);
-    state.residual[i] = 0;
+    state.residual[i] = wire_values.empty() ? 0.0 : state.residual[i] - wire_values[k];
     if (momentum > 0) state.momentum[i] = 0;
   }
   return sent;

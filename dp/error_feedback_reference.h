@@ -22,9 +22,14 @@ struct ErrorFeedbackState {
   explicit ErrorFeedbackState(size_t elements) : residual(elements, 0.0), momentum(elements, 0.0) {}
 };
 
-// One step; `selected` are flat indices below the state's size. Returns the sent values in the
-// order of `selected`. Throws std::invalid_argument for a size mismatch or an index out of range.
+// One step; `selected` are flat indices below the state's size. Returns the accumulated values of
+// the selected entries in the order of `selected`. Without `wire_values` a selected entry's
+// residual becomes 0 (the value is sent exactly); with them (one per selected entry: what went on
+// the wire, e.g. rounded to fp16) it keeps the remainder, residual - wire value, as the GPU's
+// error feedback does (dp/error_feedback.h). Throws std::invalid_argument for a size mismatch or an
+// index out of range.
 std::vector<double> error_feedback_step_reference(ErrorFeedbackState& state, const std::vector<double>& gradient,
-                                                  double momentum, const std::vector<uint32_t>& selected);
+                                                  double momentum, const std::vector<uint32_t>& selected,
+                                                  const std::vector<double>& wire_values = {});
 
 }  // namespace fusekit::dp

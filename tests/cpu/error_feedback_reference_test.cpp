@@ -22,6 +22,14 @@ TEST(ErrorFeedbackReference, ResidualAccumulationByHand) {
   EXPECT_EQ(state.momentum, (std::vector<double>{0, 0, 0}));
 }
 
+// With the wire values given, a sent entry keeps what the wire rounded away.
+TEST(ErrorFeedbackReference, WireRemainderStaysInTheResidual) {
+  ErrorFeedbackState state(3);
+  EXPECT_EQ(error_feedback_step_reference(state, {1, -2.25, 3}, 0.5, {1}, {-2.0}), (std::vector<double>{-2.25}));
+  EXPECT_EQ(state.residual, (std::vector<double>{1, -0.25, 3}));
+  EXPECT_EQ(state.momentum, (std::vector<double>{1, 0, 3}));
+}
+
 TEST(ErrorFeedbackReference, MomentumCorrectionByHand) {
   ErrorFeedbackState state(3);
   // u = g = v; -2 sent; u and v cleared at 1.
@@ -61,6 +69,7 @@ TEST(ErrorFeedbackReference, NothingIsLostOverManySteps) {
 TEST(ErrorFeedbackReference, BadInputsThrow) {
   ErrorFeedbackState state(3);
   EXPECT_THROW(error_feedback_step_reference(state, {1, 2}, 0, {}), std::invalid_argument);
+  EXPECT_THROW(error_feedback_step_reference(state, {1, 2, 3}, 0, {0, 1}, {1.0}), std::invalid_argument);
   EXPECT_THROW(error_feedback_step_reference(state, {1, 2, 3}, 0, {3}), std::invalid_argument);
 }
 

@@ -125,7 +125,11 @@ TEST_P(ErrorFeedbackTest, MatchesReferenceOverSteps) {
       added_sum[i] += added;
       rounding_bound[i] += std::ldexp(std::fabs(reference.residual[i] + added), -24);
     }
-    const std::vector<double> sent = error_feedback_step_reference(reference, gradient, c.momentum, indices);
+    // The reference keeps each sent entry's wire-rounding remainder in its residual, as the GPU does.
+    std::vector<double> wire_values(count);
+    for (uint64_t e = 0; e < count; ++e) wire_values[e] = wire_to_float_host(values[e], c.wire);
+    const std::vector<double> sent =
+        error_feedback_step_reference(reference, gradient, c.momentum, indices, wire_values);
     std::vector<bool> selected(elements, false);
     for (uint64_t e = 0; e < count; ++e) {
       const uint32_t i = indices[e];
