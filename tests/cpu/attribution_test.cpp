@@ -1,6 +1,7 @@
 // Attribution and summaries from synthetic records: nested ranges, several streams, overlapping
 // kernels, a range without kernels, kernels launched outside every range, two threads; the
-// projection of launches from threads without ranges (PyTorch's autograd thread) by time.
+// projection of launches from threads without ranges (PyTorch's autograd thread) by time; the
+// breakdown of a case's repetitions by kernel category and nested range.
 #include <gtest/gtest.h>
 
 #include "profiler/attribution.h"
@@ -398,6 +399,91 @@ TEST(Projection, KernelsOfAGraphBelongToTheRangeOfItsLaunch) {
     EXPECT_EQ(range_of_kernel(t, none, k), "<none>");
     EXPECT_EQ(range_of_kernel(t, unranged, k), "backward");
   }
+}
+
+// A case range "c [v]" with two repetitions, each a step > forward / backward, plus a copy; the
+// backward's kernels come from the autograd thread.
+Trace two_repetitions() {
+  Trace t;
+  t.ranges.push_back(range("c [v]", 0, 10000, 1));
+  for (uint64_t base : {1000, 5000}) {
+    t.ranges.push_back(range("rep", base, base + 3000, 1));
+    t.ranges.push_back(range("step", base, base + 3000, 1));
+    t.ranges.push_back(range("forward", base, base + 1000, 1));
+    t.ranges.push_back(range("backward", base + 1000, base + 3000, 1));
+    launch(t, "nvjet_sm90_hsh_128x256_64x4_2x1_v_bz_coopA_NNT", base + 100, 1, base + 100, base + 400);  // 300
+    launch(t, "void at::native::vectorized_layer_norm_kernel<float, float, false>(int)", base + 200, 1, base + 400,
+           base + 500);  // 100
+    launch(t, "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_kernel0_0", base + 1100, 2, base + 1100,
+           base + 1700);                                                    // 600
+    launch(t, "mystery_kernel", base + 1200, 2, base + 1700, base + 1750);  // 50
+  }
+  ApiRecord call;
+  call.start = 9000;  // in the case range, outside both repetitions
+  call.process_id = kPid;
+  call.thread_id = 1;
+  call.correlation_id = 500;
+  t.api_calls.push_back(call);
+  MemcpyRecord m;
+  m.start = 9000;
+  m.end = 9200;
+  m.correlation_id = 500;
+  m.process_id = kPid;
+  t.memcpys.push_back(m);
+  launch(t, "outside", 12000, 1, 12000, 12100);  // after the case range
+  return t;
+}
+
+TEST(Breakdown, CategoriesAndNestedRangesOfACase) {
+  const Trace t = two_repetitions();
+  const Attribution a = attribute(t, RangeProjection::unranged);
+  const std::vector<RangeBreakdown> b = break_down_ranges(t, a, {"c [v]", "missing"});
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[1].name, "missing");
+  EXPECT_EQ(b[1].instances, 0u);
+  EXPECT_EQ(b[1].gpu_ns, 0u);
+  const RangeBreakdown& c = b[0];
+  EXPECT_EQ(c.instances, 1u);
+  EXPECT_EQ(c.repetitions, 2u);
+  EXPECT_EQ(c.kernels, 8u);
+  EXPECT_EQ(c.gpu_ns, 2 * (300 + 100 + 600 + 50) + 200u);
+  auto ns = [&](KernelCategory k) { return c.category_ns[static_cast<size_t>(k)]; };
+  EXPECT_EQ(ns(KernelCategory::gemm), 600u);
+  EXPECT_EQ(ns(KernelCategory::normalization), 200u);
+  EXPECT_EQ(ns(KernelCategory::attention), 1200u);
+  EXPECT_EQ(ns(KernelCategory::other), 100u);
+  EXPECT_EQ(ns(KernelCategory::copy), 200u);  // the memcpy
+  // Repetitions are left out of the paths; parents come before their nested ranges.
+  ASSERT_EQ(c.nested.size(), 3u);
+  EXPECT_EQ(c.nested[0].path, (std::vector<std::string>{"step"}));
+  EXPECT_EQ(c.nested[0].gpu_ns, 2100u);
+  EXPECT_EQ(c.nested[1].path, (std::vector<std::string>{"step", "forward"}));
+  EXPECT_EQ(c.nested[1].gpu_ns, 800u);
+  EXPECT_EQ(c.nested[2].path, (std::vector<std::string>{"step", "backward"}));
+  EXPECT_EQ(c.nested[2].gpu_ns, 1300u);
+  // Without the projection the autograd thread's kernels fall outside the case.
+  const RangeBreakdown own = break_down_ranges(t, attribute(t), {"c [v]"}).front();
+  EXPECT_EQ(own.gpu_ns, 2 * (300 + 100) + 200u);
+}
+
+TEST(Breakdown, SiblingsInTheOrderTheyRanAndNearestBrokenDownRange) {
+  Trace t;
+  t.ranges.push_back(range("outer", 0, 1000, 1));
+  t.ranges.push_back(range("b", 100, 200, 1));
+  t.ranges.push_back(range("a", 300, 400, 1));
+  t.ranges.push_back(range("inner", 500, 900, 1));
+  t.ranges.push_back(range("b", 600, 700, 1));
+  launch(t, "k1", 350, 1, 350, 360);  // a
+  launch(t, "k2", 150, 1, 150, 170);  // b
+  launch(t, "k3", 650, 1, 650, 690);  // inner > b: belongs to "inner" only
+  const Attribution attribution = attribute(t);
+  const std::vector<RangeBreakdown> b = break_down_ranges(t, attribution, {"outer", "inner"});
+  ASSERT_EQ(b[0].nested.size(), 2u);
+  EXPECT_EQ(b[0].nested[0].path, (std::vector<std::string>{"b"}));  // ran first, though listed later
+  EXPECT_EQ(b[0].nested[1].path, (std::vector<std::string>{"a"}));
+  EXPECT_EQ(b[0].gpu_ns, 30u);
+  EXPECT_EQ(b[1].gpu_ns, 40u);
+  EXPECT_EQ(b[1].repetitions, 0u);
 }
 
 }  // namespace
