@@ -53,6 +53,16 @@ OpenedRun open_run(const RunSelection& s) {
   return {std::move(store), run};
 }
 
+// "" (the default), "none", "unranged" or "all".
+std::optional<profiler::RangeProjection> parse_projection(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  for (auto p :
+       {profiler::RangeProjection::none, profiler::RangeProjection::unranged, profiler::RangeProjection::all}) {
+    if (text == profiler::projection_name(p)) return p;
+  }
+  throw std::invalid_argument("--project-ranges takes none, unranged or all, not '" + text + "'");
+}
+
 }  // namespace
 
 double parse_fraction(const std::string& text) {
@@ -187,11 +197,51 @@ int trace(const TraceOptions& o) {
   return exit_code;
 }
 
+namespace {
+
+// `fusekit summary --categories`: each case's traced repetitions (or each range named --range) by
+// kernel category and nested range. Launches are always projected: a variant's backward, launched
+// from PyTorch's autograd thread, belongs to its case.
+int summary_categories(const SummaryOptions& o, const Store& store, int64_t run, const store::RunInfo& info,
+                       const profiler::Trace& trace, profiler::RangeProjection requested) {
+  const profiler::RangeProjection projection =
+      requested == profiler::RangeProjection::all ? requested : profiler::RangeProjection::unranged;
+  const profiler::Attribution attribution = profiler::attribute(trace, projection);
+  std::vector<reports::CaseBreakdown> breakdowns;
+  if (!o.range.empty()) {
+    profiler::RangeBreakdown b = std::move(profiler::break_down_ranges(trace, attribution, {o.range}).front());
+    if (b.instances == 0) {
+      throw std::runtime_error("run " + std::to_string(run) + " has no NVTX range named '" + o.range + "' (" +
+                               range_names(profiler::summarize_ranges(trace, attribution)) + ")");
+    }
+    breakdowns.push_back({o.range, "", std::move(b)});
+  } else {
+    breakdowns = reports::break_down_cases(trace, attribution, reports::load_case_results(store, run));
+    if (breakdowns.empty()) {
+      throw std::runtime_error("run " + std::to_string(run) +
+                               " has no case whose range holds GPU work: name the ranges to break down with --range");
+    }
+  }
+  std::cout << "run " << info.id << "  " << info.started_at << "  " << info.gpu_name << "  status " << info.status
+            << "  dropped records " << info.dropped_records << "\n";
+  std::cout << "command: " << info.command_line << "\n\n";
+  std::cout << "GPU time by kernel category, % of the case's GPU time (us per repetition):\n\n"
+            << reports::category_table_text(breakdowns, projection);
+  const std::string nested = reports::nested_range_tables_text(breakdowns);
+  if (!nested.empty()) std::cout << "\nGPU time by nested range, % of the case's GPU time (us/rep):\n\n" << nested;
+  return 0;
+}
+
+}  // namespace
+
 int summary(const SummaryOptions& o) {
   OpenedRun r = open_run(o.source);
   const store::RunInfo info = r.store.run(r.run);
   profiler::Trace trace = r.store.load_trace(r.run);
-  profiler::Attribution attribution = profiler::attribute(trace);
+  const profiler::RangeProjection projection =
+      parse_projection(o.project_ranges).value_or(profiler::RangeProjection::none);
+  if (o.categories) return summary_categories(o, r.store, r.run, info, trace, projection);
+  profiler::Attribution attribution = profiler::attribute(trace, projection);
   std::optional<std::string> only;
   const auto ranges = profiler::summarize_ranges(trace, attribution);
   if (!o.range.empty()) {
@@ -221,6 +271,10 @@ int summary(const SummaryOptions& o) {
   if (attribution.kernels_without_api_record > 0) {
     std::printf("%zu kernels had no recorded launch call and are attributed to no range\n",
                 attribution.kernels_without_api_record);
+  }
+  if (projection != profiler::RangeProjection::none) {
+    std::printf("%zu kernels placed by time (%s projection) in a range that their thread did not hold open\n",
+                attribution.kernels_projected, profiler::projection_name(projection));
   }
   return 0;
 }
@@ -256,7 +310,7 @@ int compare(const CompareOptions& o) {
 
 int report(const ReportOptions& o) {
   OpenedRun r = open_run(o.source);
-  const reports::RunReport rep = reports::load_run_report(r.store, r.run);
+  const reports::RunReport rep = reports::load_run_report(r.store, r.run, {parse_projection(o.project_ranges)});
   std::string content;
   if (o.format == "csv") {
     if (o.table == "cases")
@@ -267,8 +321,13 @@ int report(const ReportOptions& o) {
       content = reports::kernels_csv(rep);
     else if (o.table == "ranges")
       content = reports::ranges_csv(rep);
+    else if (o.table == "categories")
+      content = reports::categories_csv(rep);
+    else if (o.table == "step-ranges")
+      content = reports::step_ranges_csv(rep);
     else
-      throw std::invalid_argument("unknown table '" + o.table + "' (cases, cases-wide, kernels, ranges)");
+      throw std::invalid_argument("unknown table '" + o.table +
+                                  "' (cases, cases-wide, kernels, ranges, categories, step-ranges)");
   } else if (o.format == "html") {
     content = reports::report_html(rep);
   } else if (o.format == "md") {

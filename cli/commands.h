@@ -65,6 +65,8 @@ struct SummaryOptions {
   std::string range;  // only kernels inside ranges of this name
   bool short_names = false;
   int top = 30;
+  std::string project_ranges;  // "": the launching thread's ranges; "unranged" | "all" (profiler::RangeProjection)
+  bool categories = false;     // GPU time by kernel category and nested range, per case (or per --range)
 };
 int summary(const SummaryOptions& o);
 
@@ -79,8 +81,9 @@ int compare(const CompareOptions& o);
 struct ReportOptions {
   RunSelection source;
   std::string format;           // csv | html | md | json
-  std::string table = "cases";  // for csv: cases | kernels | ranges
+  std::string table = "cases";  // for csv: cases | cases-wide | kernels | ranges | categories | step-ranges
   std::string output;           // "" or "-": stdout
+  std::string project_ranges;   // "": by the run (reports::ReportOptions); "none" | "unranged" | "all"
 };
 int report(const ReportOptions& o);
 

@@ -101,6 +101,14 @@ int main(int argc, char** argv) {
   summary_cmd->add_option("--top", summary_options.top, "Rows per table")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  summary_cmd
+      ->add_flag("--project-ranges{unranged}", summary_options.project_ranges,
+                 "Place kernels launched from threads with no open NVTX range (PyTorch's autograd thread) in the "
+                 "innermost range their process had open at the launch; =all: every kernel that way")
+      ->check(CLI::IsMember({"none", "unranged", "all"}));
+  summary_cmd->add_flag("--categories", summary_options.categories,
+                        "GPU time of each case's traced repetitions (or of the ranges named by --range) by kernel "
+                        "category and by nested range (forward, backward, optimizer, layers), variants side by side");
 
   CompareOptions compare_options;
   CLI::App* compare_cmd =
@@ -120,9 +128,15 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"csv", "html", "md", "json"}));
   report_cmd
       ->add_option("--table", report_options.table,
-                   "For csv: cases | cases-wide (a row per case, the variants as columns) | kernels | ranges")
-      ->check(CLI::IsMember({"cases", "cases-wide", "kernels", "ranges"}))
+                   "For csv: cases | cases-wide (a row per case, the variants as columns) | kernels | ranges | "
+                   "categories (GPU time per case and variant by kernel category) | step-ranges (by nested range)")
+      ->check(CLI::IsMember({"cases", "cases-wide", "kernels", "ranges", "categories", "step-ranges"}))
       ->capture_default_str();
+  report_cmd
+      ->add_flag("--project-ranges{unranged}", report_options.project_ranges,
+                 "Range table: place kernels launched from threads with no open NVTX range by time (the default for "
+                 "runs of the models suite); =all: every kernel; =none: the launching thread's ranges only")
+      ->check(CLI::IsMember({"none", "unranged", "all"}));
   report_cmd->add_option("-o,--output", report_options.output, "Output file (default: standard output)");
 
   ExportOptions export_options;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <unordered_map>
 
 namespace fusekit::profiler {
 
@@ -151,6 +152,100 @@ RunTotals summarize_run(const Trace& trace) {
   t.idle_fraction =
       t.wall_ns > 0 ? std::max(0.0, 1.0 - static_cast<double>(t.busy_ns) / static_cast<double>(t.wall_ns)) : 0.0;
   return t;
+}
+
+std::vector<RangeBreakdown> break_down_ranges(const Trace& trace, const Attribution& attribution,
+                                              const std::vector<std::string>& names, const std::string& repetition) {
+  std::vector<RangeBreakdown> out(names.size());
+  std::unordered_map<std::string, size_t> slot_of_name;
+  for (size_t i = 0; i < names.size(); ++i) {
+    out[i].name = names[i];
+    slot_of_name.emplace(names[i], i);
+  }
+  // Each range's slot among `names`, or -1.
+  std::vector<int> slot(trace.ranges.size(), -1);
+  for (size_t r = 0; r < trace.ranges.size(); ++r) {
+    auto it = slot_of_name.find(trace.ranges[r].text);
+    if (it == slot_of_name.end()) continue;
+    slot[r] = static_cast<int>(it->second);
+    ++out[it->second].instances;
+  }
+  for (size_t r = 0; r < trace.ranges.size(); ++r) {
+    if (trace.ranges[r].text != repetition) continue;
+    for (int p = attribution.range_parent[r]; p != kNoRange; p = attribution.range_parent[p]) {
+      if (slot[p] >= 0) {
+        ++out[slot[p]].repetitions;
+        break;
+      }
+    }
+  }
+
+  // The nested paths of each breakdown, by path.
+  std::vector<std::map<std::vector<std::string>, NestedRangeTime>> nested(names.size());
+  std::vector<int> chain;  // the ranges between an activity and its broken-down range, innermost first
+  auto add = [&](int range, uint64_t start, uint64_t end, KernelCategory category, bool kernel) {
+    chain.clear();
+    int outer = kNoRange;
+    for (int r = range; r != kNoRange; r = attribution.range_parent[r]) {
+      if (slot[r] >= 0) {
+        outer = r;
+        break;
+      }
+      if (trace.ranges[r].text != repetition) chain.push_back(r);
+    }
+    if (outer == kNoRange) return;
+    RangeBreakdown& b = out[slot[outer]];
+    const uint64_t duration = end > start ? end - start : 0;
+    b.gpu_ns += duration;
+    b.category_ns[static_cast<size_t>(category)] += duration;
+    b.kernels += kernel ? 1 : 0;
+    std::vector<std::string> path;
+    for (auto r = chain.rbegin(); r != chain.rend(); ++r) {
+      path.push_back(trace.ranges[*r].text);
+      auto [it, inserted] = nested[slot[outer]].try_emplace(path);
+      NestedRangeTime& row = it->second;
+      if (inserted) {
+        row.path = path;
+        row.first_start = trace.ranges[*r].start;
+      }
+      row.gpu_ns += duration;
+      row.first_start = std::min(row.first_start, trace.ranges[*r].start);
+    }
+  };
+  std::unordered_map<std::string, KernelCategory> category_of_name;  // a few hundred names, many launches
+  for (size_t i = 0; i < trace.kernels.size(); ++i) {
+    const KernelRecord& k = trace.kernels[i];
+    if (attribution.kernel_range[i] == kNoRange) continue;
+    auto [it, inserted] = category_of_name.try_emplace(k.name, KernelCategory::other);
+    if (inserted) it->second = classify_kernel(k.name);
+    add(attribution.kernel_range[i], k.start, k.end, it->second, true);
+  }
+  for (size_t i = 0; i < trace.memcpys.size(); ++i) {
+    if (attribution.memcpy_range[i] != kNoRange)
+      add(attribution.memcpy_range[i], trace.memcpys[i].start, trace.memcpys[i].end, KernelCategory::copy, false);
+  }
+  for (size_t i = 0; i < trace.memsets.size(); ++i) {
+    if (attribution.memset_range[i] != kNoRange)
+      add(attribution.memset_range[i], trace.memsets[i].start, trace.memsets[i].end, KernelCategory::copy, false);
+  }
+
+  // Pre-order: a path before the paths nested in it, siblings by their first start. Paths are
+  // compared at their first differing name by the rows of their prefixes up to it.
+  for (size_t i = 0; i < names.size(); ++i) {
+    const auto& rows = nested[i];
+    auto sibling_key = [&](const std::vector<std::string>& path, size_t depth) {
+      const NestedRangeTime& row = rows.at(std::vector<std::string>(path.begin(), path.begin() + depth + 1));
+      return std::make_pair(row.first_start, path[depth]);
+    };
+    for (const auto& [path, row] : rows) out[i].nested.push_back(row);
+    std::sort(out[i].nested.begin(), out[i].nested.end(), [&](const NestedRangeTime& a, const NestedRangeTime& b) {
+      size_t d = 0;
+      while (d < a.path.size() && d < b.path.size() && a.path[d] == b.path[d]) ++d;
+      if (d == a.path.size() || d == b.path.size()) return a.path.size() < b.path.size();
+      return sibling_key(a.path, d) < sibling_key(b.path, d);
+    });
+  }
+  return out;
 }
 
 }  // namespace fusekit::profiler

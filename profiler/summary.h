@@ -6,8 +6,11 @@
 // or to ranges nested in it, so overlapping kernels on several streams count once) and the idle
 // fraction 1 - busy / extent, where a range's extent runs from its start to its end or to the end
 // of its last kernel, whichever is later (kernels run asynchronously, often after the range closed).
+// Range breakdown: what the instances of a range hold (a case's traced repetitions), by kernel
+// category and by the ranges nested in them (a step's forward, backward, optimizer, layers).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "profiler/attribution.h"
+#include "profiler/kernel_category.h"
 #include "profiler/records.h"
 
 namespace fusekit::profiler {
@@ -65,6 +69,34 @@ std::vector<KernelStats> summarize_kernels(const Trace& trace, const Attribution
 std::vector<RangeStats> summarize_ranges(const Trace& trace, const Attribution& attribution);
 
 RunTotals summarize_run(const Trace& trace);
+
+// Summed durations by category, indexed by the KernelCategory's value.
+using CategoryTimes = std::array<uint64_t, kKernelCategories.size()>;
+
+struct NestedRangeTime {
+  std::vector<std::string> path;  // range names below the broken-down range, outermost first; repetitions left out
+  uint64_t gpu_ns = 0;            // summed durations of the activities inside, ranges nested deeper included
+  uint64_t first_start = 0;       // the start of the first instance that holds any of them
+};
+
+struct RangeBreakdown {
+  std::string name;
+  uint64_t instances = 0;
+  uint64_t repetitions = 0;  // ranges of the repetition name nested in the instances (0: none)
+  uint64_t kernels = 0;
+  uint64_t gpu_ns = 0;  // summed durations of the kernels, copies and memsets inside the instances
+  CategoryTimes category_ns{};
+  // Each nested range path once, before the paths nested in it; siblings in the order they first ran.
+  std::vector<NestedRangeTime> nested;
+};
+
+// Per name of `names`, in that order, what the ranges of that name hold (instances 0 where no range
+// has the name): the kernels (by classify_kernel), copies and memsets (copy/cast) attributed to them
+// or to ranges nested in them. Ranges named `repetition` count the repetitions and are left out of
+// the nested paths. A range nested in another of `names` belongs to the nearer one only.
+std::vector<RangeBreakdown> break_down_ranges(const Trace& trace, const Attribution& attribution,
+                                              const std::vector<std::string>& names,
+                                              const std::string& repetition = "rep");
 
 // Length of the union of half-open intervals [first, second).
 uint64_t union_length(std::vector<std::pair<uint64_t, uint64_t>> intervals);

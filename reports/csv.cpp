@@ -120,4 +120,49 @@ std::string ranges_csv(const RunReport& report) {
   return out;
 }
 
+std::string categories_csv(const RunReport& report) {
+  std::vector<std::string> header = {"run_id", "name", "variant", "repetitions", "kernels", "gpu_us", "gpu_us_per_rep"};
+  for (profiler::KernelCategory c : profiler::kKernelCategories) {
+    header.push_back(std::string(profiler::category_key(c)) + "_percent");
+    header.push_back(std::string(profiler::category_key(c)) + "_us_per_rep");
+  }
+  std::string out = csv_line(header);
+  for (const CaseBreakdown& b : report.case_breakdowns) {
+    const profiler::RangeBreakdown& d = b.breakdown;
+    const double reps = static_cast<double>(d.repetitions);
+    auto per_rep = [&](uint64_t ns) { return d.repetitions > 0 ? fixed(static_cast<double>(ns) / reps / 1e3, 3) : ""; };
+    std::vector<std::string> row = {std::to_string(report.run.id),
+                                    b.name,
+                                    b.variant,
+                                    std::to_string(d.repetitions),
+                                    std::to_string(d.kernels),
+                                    fixed(static_cast<double>(d.gpu_ns) / 1e3, 3),
+                                    per_rep(d.gpu_ns)};
+    for (profiler::KernelCategory c : profiler::kKernelCategories) {
+      const uint64_t ns = d.category_ns[static_cast<size_t>(c)];
+      row.push_back(d.gpu_ns > 0 ? fixed(100.0 * static_cast<double>(ns) / static_cast<double>(d.gpu_ns), 2) : "");
+      row.push_back(per_rep(ns));
+    }
+    out += csv_line(row);
+  }
+  return out;
+}
+
+std::string step_ranges_csv(const RunReport& report) {
+  std::string out = csv_line({"run_id", "name", "variant", "range", "depth", "percent", "us_per_rep"});
+  for (const CaseBreakdown& b : report.case_breakdowns) {
+    const profiler::RangeBreakdown& d = b.breakdown;
+    for (const profiler::NestedRangeTime& n : d.nested) {
+      std::string path;
+      for (const std::string& p : n.path) path += (path.empty() ? "" : " > ") + p;
+      out += csv_line(
+          {std::to_string(report.run.id), b.name, b.variant, path, std::to_string(n.path.size()),
+           d.gpu_ns > 0 ? fixed(100.0 * static_cast<double>(n.gpu_ns) / static_cast<double>(d.gpu_ns), 2) : "",
+           d.repetitions > 0 ? fixed(static_cast<double>(n.gpu_ns) / static_cast<double>(d.repetitions) / 1e3, 3)
+                             : ""});
+    }
+  }
+  return out;
+}
+
 }  // namespace fusekit::reports

@@ -23,5 +23,14 @@ std::string cases_wide_csv(const RunReport& report);
 std::string kernels_csv(const RunReport& report);
 // "Wall (ns)","GPU Busy (ns)","Idle (%)","Instances","Kernels","Kernel Time (ns)","Name".
 std::string ranges_csv(const RunReport& report);
+// A row per case and variant with traced repetitions (report.case_breakdowns):
+// run_id,name,variant,repetitions,kernels,gpu_us (all of the case's traced repetitions),gpu_us_per_rep,
+// then for every category (profiler's
+// category_key: gemm, attention, ..., copy_cast, communication, other) <key>_percent and
+// <key>_us_per_rep. Per-repetition cells are empty where the case range marks no repetitions.
+std::string categories_csv(const RunReport& report);
+// A row per case, variant and nested range path: run_id,name,variant,range ("a > b > c"),depth,
+// percent (of the case's GPU time, ranges nested deeper included),us_per_rep.
+std::string step_ranges_csv(const RunReport& report);
 
 }  // namespace fusekit::reports

@@ -169,6 +169,116 @@ ReportTable range_table(const RunReport& report) {
   return t;
 }
 
+std::string share_cell(uint64_t ns, uint64_t total_ns, uint64_t repetitions) {
+  if (ns == 0 || total_ns == 0) return "-";
+  std::string cell = fixed(100.0 * static_cast<double>(ns) / static_cast<double>(total_ns), 1);
+  if (repetitions > 0)
+    cell += " (" + format_microseconds(static_cast<double>(ns) / static_cast<double>(repetitions)) + ")";
+  return cell;
+}
+
+ReportTable category_table(const std::vector<CaseBreakdown>& breakdowns) {
+  std::vector<profiler::KernelCategory> shown;
+  for (profiler::KernelCategory c : profiler::kKernelCategories) {
+    if (std::any_of(breakdowns.begin(), breakdowns.end(),
+                    [&](const CaseBreakdown& b) { return b.breakdown.category_ns[static_cast<size_t>(c)] > 0; }))
+      shown.push_back(c);
+  }
+  ReportTable t;
+  t.header = {"Reps", "GPU (us/rep)"};
+  for (profiler::KernelCategory c : shown) t.header.push_back(std::string(profiler::category_name(c)));
+  t.header.push_back("Variant");
+  t.header.push_back("Case");
+  t.text_from = t.header.size() - 2;
+  for (const CaseBreakdown& b : breakdowns) {
+    const profiler::RangeBreakdown& d = b.breakdown;
+    std::vector<std::string> row = {
+        d.repetitions > 0 ? std::to_string(d.repetitions) : "-",
+        d.repetitions > 0 ? format_microseconds(static_cast<double>(d.gpu_ns) / static_cast<double>(d.repetitions))
+                          : "-"};
+    for (profiler::KernelCategory c : shown)
+      row.push_back(share_cell(d.category_ns[static_cast<size_t>(c)], d.gpu_ns, d.repetitions));
+    row.push_back(b.variant);
+    row.push_back(b.name);
+    t.rows.push_back(std::move(row));
+  }
+  return t;
+}
+
+std::vector<TitledTable> nested_range_tables(const std::vector<CaseBreakdown>& breakdowns, bool indent) {
+  // The variants of each case, in the order of the breakdowns.
+  std::vector<std::string> names;
+  std::map<std::string, std::vector<const CaseBreakdown*>> variants;
+  for (const CaseBreakdown& b : breakdowns) {
+    if (!variants.count(b.name)) names.push_back(b.name);
+    variants[b.name].push_back(&b);
+  }
+  std::vector<TitledTable> out;
+  for (const std::string& name : names) {
+    const std::vector<const CaseBreakdown*>& cases = variants[name];
+    // Every path of any variant, each variant's in its order; a path another variant lacks goes
+    // after the paths it follows there.
+    std::vector<std::vector<std::string>> paths;
+    for (const CaseBreakdown* b : cases) {
+      auto at = paths.begin();
+      for (const profiler::NestedRangeTime& n : b->breakdown.nested) {
+        auto found = std::find(paths.begin(), paths.end(), n.path);
+        at = found != paths.end() ? found + 1 : paths.insert(at, n.path) + 1;
+      }
+    }
+    if (paths.empty()) continue;
+    TitledTable titled{name, {}};
+    ReportTable& t = titled.table;
+    for (const CaseBreakdown* b : cases) t.header.push_back(b->variant);
+    t.header.push_back("Range");
+    t.text_from = cases.size();
+    auto time_of = [](const CaseBreakdown& b, const std::vector<std::string>& path) -> uint64_t {
+      for (const profiler::NestedRangeTime& n : b.breakdown.nested) {
+        if (n.path == path) return n.gpu_ns;
+      }
+      return 0;
+    };
+    for (const std::vector<std::string>& path : paths) {
+      std::vector<std::string> row;
+      for (const CaseBreakdown* b : cases)
+        row.push_back(share_cell(time_of(*b, path), b->breakdown.gpu_ns, b->breakdown.repetitions));
+      std::string label;
+      if (indent) {
+        label = std::string(2 * (path.size() - 1), ' ') + path.back();
+      } else {
+        for (const std::string& p : path) label += (label.empty() ? "" : " > ") + p;
+      }
+      row.push_back(label);
+      t.rows.push_back(std::move(row));
+    }
+    std::vector<std::string> rest;
+    for (const CaseBreakdown* b : cases) {
+      uint64_t nested = 0;
+      for (const profiler::NestedRangeTime& n : b->breakdown.nested) nested += n.path.size() == 1 ? n.gpu_ns : 0;
+      rest.push_back(share_cell(b->breakdown.gpu_ns - std::min(nested, b->breakdown.gpu_ns), b->breakdown.gpu_ns,
+                                b->breakdown.repetitions));
+    }
+    rest.push_back("(in no nested range)");
+    t.rows.push_back(std::move(rest));
+    out.push_back(std::move(titled));
+  }
+  return out;
+}
+
+std::string category_legend(profiler::RangeProjection projection) {
+  std::string out =
+      "Each case's traced repetitions (the kernels, copies and memsets inside its range \"<case> [<variant>]\") "
+      "by kernel category, from the kernel's name. Cells: % of the case's GPU time (summed durations), in "
+      "parentheses microseconds per repetition where the case's repetitions are marked (\"rep\" ranges). ";
+  out += projection == profiler::RangeProjection::all
+             ? "Every launch is placed by time in the innermost range its process had open, on any thread. "
+             : "A launch from a thread with no open range (PyTorch's autograd thread) is placed by time in the "
+               "innermost range its process had open. ";
+  return out +
+         "copy/cast also holds fills, concatenation, gathers, scatters, indexing and sorts (an embedding's "
+         "backward).\n";
+}
+
 std::vector<std::pair<std::string, std::string>> run_metadata(const RunReport& report) {
   const RunInfo& r = report.run;
   std::string gpu = or_dash(r.gpu_name);
@@ -211,6 +321,23 @@ std::string report_markdown(const RunReport& report) {
   section("Cases", case_table(report), "No cases in this run.");
   section("Kernels", kernel_table(report), "No kernels were traced in this run.");
   section("Ranges", range_table(report), "No NVTX ranges were traced in this run.");
+  if (report.range_projection != profiler::RangeProjection::none && !report.ranges.empty()) {
+    out +=
+        "\nKernels launched from a thread with no open range are counted in the range their process had open "
+        "at the launch (" +
+        std::string(profiler::projection_name(report.range_projection)) + " projection).\n";
+  }
+  if (!report.case_breakdowns.empty()) {
+    out += "\n## GPU time by kernel category\n\n" + markdown_text(category_legend(report.breakdown_projection)) +
+           "\n\n" + markdown_table(category_table(report.case_breakdowns));
+    const std::vector<TitledTable> nested = nested_range_tables(report.case_breakdowns, false);
+    if (!nested.empty()) {
+      out +=
+          "\n## GPU time by step range\n\nThe same time by the NVTX ranges nested in each repetition, "
+          "including the ranges nested deeper; cells as above.\n";
+      for (const TitledTable& t : nested) out += "\n### " + markdown_code(t.title) + "\n\n" + markdown_table(t.table);
+    }
+  }
   return out;
 }
 

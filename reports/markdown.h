@@ -34,6 +34,25 @@ ReportTable case_table(const RunReport& report);
 ReportTable kernel_table(const RunReport& report);
 // Wall (us), GPU busy (us), Idle (%), Instances, Kernels, Kernel time (us), Range.
 ReportTable range_table(const RunReport& report);
+// GPU time of the cases' traced repetitions by kernel category: a row per case and variant with
+// Reps (the runner's "rep" ranges; "-" where the case range holds none), GPU (us/rep), then a
+// column named after each category that any row has, "<% of the case's GPU time> (<us per
+// repetition>)", Variant, Case.
+ReportTable category_table(const std::vector<CaseBreakdown>& breakdowns);
+struct TitledTable {
+  std::string title;
+  ReportTable table;
+};
+// Per case whose traced repetitions hold nested ranges (a step's forward, backward, optimizer,
+// layers): a row per nested range path, in the order they ran, and a last row for the time in no
+// nested range; a column per variant (named after it), cells as category_table's. The path is written
+// "a > b > c", or with `indent` as its last name indented two spaces a level.
+std::vector<TitledTable> nested_range_tables(const std::vector<CaseBreakdown>& breakdowns, bool indent);
+// "12.3 (456.78)": the percentage of `total_ns` and microseconds per repetition (only the
+// percentage where `repetitions` is 0); "-" for no time.
+std::string share_cell(uint64_t ns, uint64_t total_ns, uint64_t repetitions);
+// The lines under the category tables: what they count, the projection, what copy/cast holds.
+std::string category_legend(profiler::RangeProjection projection);
 // (field, value) pairs: run, status, times, commit, host, GPU, versions, command line, dropped records, totals.
 std::vector<std::pair<std::string, std::string>> run_metadata(const RunReport& report);
 // The gate's verdicts as gate_table_text's columns (regressions in bold), then a count per verdict and

@@ -41,16 +41,47 @@ std::optional<double> case_metric(const CaseResult& c, const std::string& name) 
   return std::nullopt;
 }
 
-RunReport load_run_report(const store::Store& store, int64_t run) {
+RunReport load_run_report(const store::Store& store, int64_t run, const ReportOptions& options) {
+  using profiler::RangeProjection;
   RunReport report;
   report.run = store.run(run);
   report.cases = load_case_results(store, run);
   const profiler::Trace trace = store.load_trace(run);
-  const profiler::Attribution attribution = profiler::attribute(trace);
+  report.range_projection =
+      options.projection.value_or(is_training_step_run(report.run) ? RangeProjection::unranged : RangeProjection::none);
+  report.breakdown_projection =
+      options.projection == RangeProjection::all ? RangeProjection::all : RangeProjection::unranged;
+  const profiler::Attribution attribution = profiler::attribute(trace, report.range_projection);
   report.kernels = profiler::summarize_kernels(trace, attribution);
   report.ranges = profiler::summarize_ranges(trace, attribution);
   report.totals = profiler::summarize_run(trace);
+  if (!report.cases.empty()) {
+    report.case_breakdowns =
+        report.breakdown_projection == report.range_projection
+            ? break_down_cases(trace, attribution, report.cases)
+            : break_down_cases(trace, profiler::attribute(trace, report.breakdown_projection), report.cases);
+  }
   return report;
+}
+
+std::vector<CaseBreakdown> break_down_cases(const profiler::Trace& trace, const profiler::Attribution& attribution,
+                                            const std::vector<CaseResult>& cases) {
+  std::vector<std::string> names;
+  for (const CaseResult& c : cases) names.push_back(describe({c.info.name, c.info.variant}));
+  std::vector<profiler::RangeBreakdown> breakdowns = profiler::break_down_ranges(trace, attribution, names);
+  // Grouped by case name, in the order the names first come; the variants in the cases' order.
+  std::vector<std::string> order;
+  for (const CaseResult& c : cases) {
+    if (std::find(order.begin(), order.end(), c.info.name) == order.end()) order.push_back(c.info.name);
+  }
+  std::vector<CaseBreakdown> out;
+  for (const std::string& name : order) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      if (cases[i].info.name != name || breakdowns[i].gpu_ns == 0) continue;
+      out.push_back({cases[i].info.name, cases[i].info.variant, std::move(breakdowns[i])});
+    }
+  }
+  return out;
 }
 
 std::string describe(const CaseKey& key) { return key.first + " [" + key.second + "]"; }
@@ -132,6 +163,13 @@ std::string what_ran(const RunInfo& run) {
 }
 
 }  // namespace
+
+bool is_training_step_run(const RunInfo& run) {
+  std::vector<std::string> words;
+  std::istringstream in(run.command_line);
+  for (std::string w; in >> w;) words.push_back(w);
+  return value_of(words, "--suite") == "models";
+}
 
 std::string run_title(const RunInfo& run) {
   std::string what = what_ran(run);

@@ -3,6 +3,13 @@
 // The store holds raw records; a RunReport is computed from them on read (case statistics here,
 // attribution and summaries from profiler/), so every writer shows the same numbers and none of
 // them queries SQL.
+//
+// Two attributions feed it. The range table keeps the launching thread's ranges (profiler's
+// RangeProjection::none) except for runs of whole training steps, whose backward PyTorch launches
+// from its autograd thread: there launches from threads without an open range are projected by
+// time (RangeProjection::unranged). The case breakdowns (GPU time of each case's traced
+// repetitions by kernel category and nested range) are always projected, so that a variant's
+// backward counts inside its case.
 #pragma once
 
 #include <cstdint>
@@ -43,17 +50,41 @@ struct CaseResult {
 // The case's metric of this name ("peak_memory_bytes"), if it has one.
 std::optional<double> case_metric(const CaseResult& c, const std::string& name);
 
+// What a case's traced repetitions ran: the instances of its range "<name> [<variant>]".
+struct CaseBreakdown {
+  std::string name;
+  std::string variant;
+  profiler::RangeBreakdown breakdown;  // breakdown.repetitions: the runner's "rep" ranges in it (0: not known)
+};
+
 struct RunReport {
   RunInfo run;
   std::vector<CaseResult> cases;
   std::vector<profiler::KernelStats> kernels;
   std::vector<profiler::RangeStats> ranges;
   profiler::RunTotals totals;
+  profiler::RangeProjection range_projection = profiler::RangeProjection::none;  // of `ranges`
+  std::vector<CaseBreakdown> case_breakdowns;  // cases whose range holds GPU work, a case's variants together
+  profiler::RangeProjection breakdown_projection = profiler::RangeProjection::unranged;
 };
 
-// The run's cases with their derived statistics, kernel and range summaries and totals. Throws
-// store::StoreError if there is no such run.
-RunReport load_run_report(const store::Store& store, int64_t run);
+struct ReportOptions {
+  // The range table's attribution; unset: unranged for a training-step run, none for others. The
+  // case breakdowns take `all` from here, and unranged otherwise.
+  std::optional<profiler::RangeProjection> projection;
+};
+
+// The run's cases with their derived statistics, kernel and range summaries, totals and case
+// breakdowns. Throws store::StoreError if there is no such run.
+RunReport load_run_report(const store::Store& store, int64_t run, const ReportOptions& options = {});
+
+// What each case's range "<name> [<variant>]" holds, by kernel category and nested range; cases
+// whose range holds no GPU work are left out, the variants of a case follow each other.
+std::vector<CaseBreakdown> break_down_cases(const profiler::Trace& trace, const profiler::Attribution& attribution,
+                                            const std::vector<CaseResult>& cases);
+
+// A run of whole training steps: its recorded command line runs the models suite (`--suite models`).
+bool is_training_step_run(const RunInfo& run);
 // The run's cases with their derived statistics (against the run's copy ceiling).
 std::vector<CaseResult> load_case_results(const store::Store& store, int64_t run);
 

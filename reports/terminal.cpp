@@ -91,6 +91,46 @@ std::string case_table_text(const std::vector<CaseResult>& cases) {
   return aligned_table(rows, 7);
 }
 
+namespace {
+
+std::string report_table_text(const ReportTable& table) {
+  std::vector<std::vector<std::string>> rows = {table.header};
+  rows.insert(rows.end(), table.rows.begin(), table.rows.end());
+  return aligned_table(rows, table.text_from);
+}
+
+// `text` broken into lines of at most `width` characters at spaces.
+std::string wrapped(const std::string& text, size_t width) {
+  std::string out, line;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.find_first_of(" \n", begin);
+    if (end == std::string::npos) end = text.size();
+    const std::string word = text.substr(begin, end - begin);
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      out += line + "\n";
+      line.clear();
+    }
+    if (!word.empty()) line += (line.empty() ? "" : " ") + word;
+    begin = end + 1;
+  }
+  return line.empty() ? out : out + line + "\n";
+}
+
+}  // namespace
+
+std::string category_table_text(const std::vector<CaseBreakdown>& breakdowns, profiler::RangeProjection projection) {
+  return report_table_text(category_table(breakdowns)) + wrapped(category_legend(projection), 110);
+}
+
+std::string nested_range_tables_text(const std::vector<CaseBreakdown>& breakdowns) {
+  std::string out;
+  for (const TitledTable& t : nested_range_tables(breakdowns, true)) {
+    out += (out.empty() ? "" : "\n") + t.title + ":\n\n" + report_table_text(t.table);
+  }
+  return out;
+}
+
 std::string gate_table_text(const GateResult& result) {
   std::string out = aligned_table(gate_table_rows(result, false), 5) + gate_verdict_counts(result);
   for (const std::string& c : result.only_in_baseline) out += "only in baseline:  " + c + "\n";

@@ -21,6 +21,13 @@ std::string case_table_text(const std::vector<CaseResult>& cases);
 // Variant, Case; then a count per verdict and the cases found in one run only.
 std::string gate_table_text(const GateResult& result);
 
+// GPU time of the cases' traced repetitions by kernel category (markdown.h's category_table), then
+// its legend.
+std::string category_table_text(const std::vector<CaseBreakdown>& breakdowns, profiler::RangeProjection projection);
+// The same time by nested range, a table per case (markdown.h's nested_range_tables, indented); ""
+// where no case holds nested ranges.
+std::string nested_range_tables_text(const std::vector<CaseBreakdown>& breakdowns);
+
 // Lays out rows (the first is the header) in columns; columns before `left_from` are right-aligned.
 std::string aligned_table(const std::vector<std::vector<std::string>>& rows, size_t left_from);
 

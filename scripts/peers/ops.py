@@ -33,7 +33,10 @@ from ops.cases import read_cases, result_line  # noqa: E402 (after the path is s
 MAX_SAMPLE_BATCH = 1000  # suites/runner.h kMaxSampleBatch
 
 
-def time_case(step, sets: int, warmup: int, warmup_ms: float, reps: int, sample_us: float, label: str) -> list:
+def time_case(step, sets: int, warmup: int, warmup_ms: float, reps: int, sample_us: float, label: str,
+              rep_ranges: bool = False) -> list:
+    """Samples in ns a repetition, timed inside the NVTX range `label`; with rep_ranges (the traced
+    run) each repetition inside a range "rep" too, as fusekit's runner marks its traced repetitions."""
     for r in range(warmup):
         step(r % sets)
     torch.cuda.synchronize()
@@ -61,7 +64,11 @@ def time_case(step, sets: int, warmup: int, warmup_ms: float, reps: int, sample_
     for start, end in events:
         start.record()
         for _ in range(sample_batch):
+            if rep_ranges:
+                torch.cuda.nvtx.range_push("rep")
             step(r % sets)
+            if rep_ranges:
+                torch.cuda.nvtx.range_pop()
             r += 1
         end.record()
     torch.cuda.synchronize()
@@ -138,7 +145,7 @@ def main() -> int:
                 print(f"[{i + 1}/{len(listed)}] {label}", file=sys.stderr, flush=True)
                 with torch.enable_grad() if case.backward else torch.no_grad():
                     samples = time_case(step, case.sets, args.warmup, args.warmup_ms, args.reps, args.sample_us,
-                                        label)
+                                        label, rep_ranges=args.traced_only)
                 metrics = case.metrics() if case.metrics else None
                 if results is not None:
                     results.write(result_line(case.name, f"peer:{variant}", samples, metrics))

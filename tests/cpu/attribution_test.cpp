@@ -1,5 +1,7 @@
 // Attribution and summaries from synthetic records: nested ranges, several streams, overlapping
-// kernels, a range without kernels, kernels launched outside every range, two threads.
+// kernels, a range without kernels, kernels launched outside every range, two threads; the
+// projection of launches from threads without ranges (PyTorch's autograd thread) by time; the
+// breakdown of a case's repetitions by kernel category and nested range.
 #include <gtest/gtest.h>
 
 #include "profiler/attribution.h"
@@ -263,6 +265,225 @@ TEST(Attribution, CorrelationIdsArePerProcess) {
   const Attribution a = attribute(t);
   EXPECT_EQ(a.kernel_range[0], 0);
   EXPECT_EQ(a.kernel_range[1], 1);
+}
+
+// A training step as libtorch runs it: the main thread (1) holds step > forward / backward /
+// optimizer open; the autograd thread (2) launches the backward's kernels and opens a library's
+// range of its own (cub::DeviceRadixSort) in the middle of them.
+Trace training_step() {
+  Trace t;
+  t.ranges.push_back(range("step", 100, 1000, 1));
+  t.ranges.push_back(range("forward", 100, 300, 1));
+  t.ranges.push_back(range("backward", 300, 800, 1));
+  t.ranges.push_back(range("optimizer", 800, 990, 1));
+  t.ranges.push_back(range("cub::DeviceRadixSort", 600, 650, 2));
+  launch(t, "fwd", 150, 1, 160, 200);       // 0: forward, on the main thread
+  launch(t, "bwd-a", 350, 2, 360, 400);     // 1: the autograd thread, no range of its own
+  launch(t, "sort", 610, 2, 620, 630);      // 2: inside the autograd thread's own range
+  launch(t, "bwd-b", 700, 2, 710, 750);     // 3: the autograd thread again
+  launch(t, "adam", 850, 1, 860, 900);      // 4: optimizer
+  launch(t, "late", 995, 2, 1000, 1010);    // 5: autograd thread, after optimizer closed: step only
+  launch(t, "after", 1500, 2, 1510, 1520);  // 6: nothing open anywhere
+  return t;
+}
+
+TEST(Projection, NoneKeepsTheLaunchingThreadsRanges) {
+  const Trace t = training_step();
+  const Attribution a = attribute(t);
+  EXPECT_EQ(a.projection, RangeProjection::none);
+  EXPECT_EQ(range_of_kernel(t, a, 0), "forward");
+  EXPECT_EQ(range_of_kernel(t, a, 1), "<none>");
+  EXPECT_EQ(range_of_kernel(t, a, 2), "cub::DeviceRadixSort");
+  EXPECT_EQ(range_of_kernel(t, a, 3), "<none>");
+  EXPECT_EQ(a.range_parent[index_of(t, "cub::DeviceRadixSort")], kNoRange);
+  EXPECT_EQ(a.kernels_projected, 0u);
+}
+
+TEST(Projection, UnrangedThreadsFollowTheRangesOfTheirProcess) {
+  const Trace t = training_step();
+  const Attribution a = attribute(t, RangeProjection::unranged);
+  EXPECT_EQ(range_of_kernel(t, a, 0), "forward");
+  EXPECT_EQ(range_of_kernel(t, a, 1), "backward");
+  EXPECT_EQ(range_of_kernel(t, a, 2), "cub::DeviceRadixSort");  // its own thread's range first
+  EXPECT_EQ(range_of_kernel(t, a, 3), "backward");
+  EXPECT_EQ(range_of_kernel(t, a, 4), "optimizer");
+  EXPECT_EQ(range_of_kernel(t, a, 5), "step");
+  EXPECT_EQ(range_of_kernel(t, a, 6), "<none>");
+  // The library's range nests in the backward that the main thread held open when it opened.
+  EXPECT_EQ(a.range_parent[index_of(t, "cub::DeviceRadixSort")], index_of(t, "backward"));
+  EXPECT_TRUE(range_within(a, a.kernel_range[2], index_of(t, "step")));
+  EXPECT_EQ(a.range_parent[index_of(t, "forward")], index_of(t, "step"));
+  EXPECT_EQ(a.kernels_projected, 3u);  // bwd-a, bwd-b, late
+}
+
+TEST(Projection, AllPlacesEveryLaunchInTheInnermostRangeOfItsProcess) {
+  Trace t;
+  t.ranges.push_back(range("outer", 0, 1000, 1));
+  t.ranges.push_back(range("worker", 200, 800, 2));
+  launch(t, "main", 300, 1, 310, 320);   // thread 1 holds "outer"; "worker" opened later
+  launch(t, "early", 100, 1, 110, 120);  // before "worker"
+  launch(t, "w", 400, 2, 410, 420);
+  const Attribution own = attribute(t, RangeProjection::unranged);
+  EXPECT_EQ(range_of_kernel(t, own, 0), "outer");
+  EXPECT_EQ(own.range_parent[index_of(t, "worker")], index_of(t, "outer"));
+  const Attribution all = attribute(t, RangeProjection::all);
+  EXPECT_EQ(range_of_kernel(t, all, 0), "worker");
+  EXPECT_EQ(range_of_kernel(t, all, 1), "outer");
+  EXPECT_EQ(range_of_kernel(t, all, 2), "worker");
+  EXPECT_EQ(all.kernels_projected, 1u);
+}
+
+TEST(Projection, StaysWithinTheProcess) {
+  Trace t = training_step();
+  launch(t, "other-process", 400, 9, 410, 420);
+  t.api_calls.back().process_id = 200;
+  t.kernels.back().process_id = 200;
+  const Attribution a = attribute(t, RangeProjection::all);
+  EXPECT_EQ(a.kernel_range.back(), kNoRange);
+}
+
+TEST(Projection, CopiesFollowToo) {
+  Trace t = training_step();
+  ApiRecord call;
+  call.start = 500;
+  call.process_id = kPid;
+  call.thread_id = 2;
+  call.correlation_id = 77;
+  t.api_calls.push_back(call);
+  MemcpyRecord m;
+  m.correlation_id = 77;
+  m.process_id = kPid;
+  t.memcpys.push_back(m);
+  MemsetRecord s;
+  s.correlation_id = 77;
+  s.process_id = kPid;
+  t.memsets.push_back(s);
+  EXPECT_EQ(attribute(t).memcpy_range[0], kNoRange);
+  const Attribution a = attribute(t, RangeProjection::unranged);
+  EXPECT_EQ(a.memcpy_range[0], index_of(t, "backward"));
+  EXPECT_EQ(a.memset_range[0], index_of(t, "backward"));
+}
+
+// Ranges of two threads that open at the same instant: the one that ends later encloses the
+// other, never the other way round as well (no cycle of parents).
+TEST(Projection, EqualStartsNestWithoutACycle) {
+  Trace t;
+  t.ranges.push_back(range("short", 100, 300, 2));
+  t.ranges.push_back(range("long", 100, 500, 1));
+  t.ranges.push_back(range("same", 100, 300, 3));
+  for (RangeProjection p : {RangeProjection::unranged, RangeProjection::all}) {
+    const Attribution a = attribute(t, p);
+    EXPECT_EQ(a.range_parent[index_of(t, "long")], kNoRange);
+    EXPECT_EQ(a.range_parent[index_of(t, "short")], index_of(t, "long"));
+    EXPECT_EQ(a.range_parent[index_of(t, "same")], index_of(t, "short"));
+  }
+}
+
+// A CUDA graph's kernels carry the correlation id of the graph's launch call: all of them belong
+// to the range open at that call, whichever mode.
+TEST(Projection, KernelsOfAGraphBelongToTheRangeOfItsLaunch) {
+  Trace t = training_step();
+  launch(t, "graph-node-0", 320, 2, 330, 340);
+  t.api_calls.back().name = "cudaGraphLaunch_v10000";
+  KernelRecord node = t.kernels.back();
+  for (const char* name : {"graph-node-1", "graph-node-2"}) {
+    node.name = name;
+    node.start += 20;
+    node.end += 20;
+    t.kernels.push_back(node);
+  }
+  const size_t first = t.kernels.size() - 3;
+  const Attribution none = attribute(t);
+  const Attribution unranged = attribute(t, RangeProjection::unranged);
+  for (size_t k = first; k < t.kernels.size(); ++k) {
+    EXPECT_EQ(range_of_kernel(t, none, k), "<none>");
+    EXPECT_EQ(range_of_kernel(t, unranged, k), "backward");
+  }
+}
+
+// A case range "c [v]" with two repetitions, each a step > forward / backward, plus a copy; the
+// backward's kernels come from the autograd thread.
+Trace two_repetitions() {
+  Trace t;
+  t.ranges.push_back(range("c [v]", 0, 10000, 1));
+  for (uint64_t base : {1000, 5000}) {
+    t.ranges.push_back(range("rep", base, base + 3000, 1));
+    t.ranges.push_back(range("step", base, base + 3000, 1));
+    t.ranges.push_back(range("forward", base, base + 1000, 1));
+    t.ranges.push_back(range("backward", base + 1000, base + 3000, 1));
+    launch(t, "nvjet_sm90_hsh_128x256_64x4_2x1_v_bz_coopA_NNT", base + 100, 1, base + 100, base + 400);  // 300
+    launch(t, "void at::native::vectorized_layer_norm_kernel<float, float, false>(int)", base + 200, 1, base + 400,
+           base + 500);  // 100
+    launch(t, "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_kernel0_0", base + 1100, 2, base + 1100,
+           base + 1700);                                                    // 600
+    launch(t, "mystery_kernel", base + 1200, 2, base + 1700, base + 1750);  // 50
+  }
+  ApiRecord call;
+  call.start = 9000;  // in the case range, outside both repetitions
+  call.process_id = kPid;
+  call.thread_id = 1;
+  call.correlation_id = 500;
+  t.api_calls.push_back(call);
+  MemcpyRecord m;
+  m.start = 9000;
+  m.end = 9200;
+  m.correlation_id = 500;
+  m.process_id = kPid;
+  t.memcpys.push_back(m);
+  launch(t, "outside", 12000, 1, 12000, 12100);  // after the case range
+  return t;
+}
+
+TEST(Breakdown, CategoriesAndNestedRangesOfACase) {
+  const Trace t = two_repetitions();
+  const Attribution a = attribute(t, RangeProjection::unranged);
+  const std::vector<RangeBreakdown> b = break_down_ranges(t, a, {"c [v]", "missing"});
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[1].name, "missing");
+  EXPECT_EQ(b[1].instances, 0u);
+  EXPECT_EQ(b[1].gpu_ns, 0u);
+  const RangeBreakdown& c = b[0];
+  EXPECT_EQ(c.instances, 1u);
+  EXPECT_EQ(c.repetitions, 2u);
+  EXPECT_EQ(c.kernels, 8u);
+  EXPECT_EQ(c.gpu_ns, 2 * (300 + 100 + 600 + 50) + 200u);
+  auto ns = [&](KernelCategory k) { return c.category_ns[static_cast<size_t>(k)]; };
+  EXPECT_EQ(ns(KernelCategory::gemm), 600u);
+  EXPECT_EQ(ns(KernelCategory::normalization), 200u);
+  EXPECT_EQ(ns(KernelCategory::attention), 1200u);
+  EXPECT_EQ(ns(KernelCategory::other), 100u);
+  EXPECT_EQ(ns(KernelCategory::copy), 200u);  // the memcpy
+  // Repetitions are left out of the paths; parents come before their nested ranges.
+  ASSERT_EQ(c.nested.size(), 3u);
+  EXPECT_EQ(c.nested[0].path, (std::vector<std::string>{"step"}));
+  EXPECT_EQ(c.nested[0].gpu_ns, 2100u);
+  EXPECT_EQ(c.nested[1].path, (std::vector<std::string>{"step", "forward"}));
+  EXPECT_EQ(c.nested[1].gpu_ns, 800u);
+  EXPECT_EQ(c.nested[2].path, (std::vector<std::string>{"step", "backward"}));
+  EXPECT_EQ(c.nested[2].gpu_ns, 1300u);
+  // Without the projection the autograd thread's kernels fall outside the case.
+  const RangeBreakdown own = break_down_ranges(t, attribute(t), {"c [v]"}).front();
+  EXPECT_EQ(own.gpu_ns, 2 * (300 + 100) + 200u);
+}
+
+TEST(Breakdown, SiblingsInTheOrderTheyRanAndNearestBrokenDownRange) {
+  Trace t;
+  t.ranges.push_back(range("outer", 0, 1000, 1));
+  t.ranges.push_back(range("b", 100, 200, 1));
+  t.ranges.push_back(range("a", 300, 400, 1));
+  t.ranges.push_back(range("inner", 500, 900, 1));
+  t.ranges.push_back(range("b", 600, 700, 1));
+  launch(t, "k1", 350, 1, 350, 360);  // a
+  launch(t, "k2", 150, 1, 150, 170);  // b
+  launch(t, "k3", 650, 1, 650, 690);  // inner > b: belongs to "inner" only
+  const Attribution attribution = attribute(t);
+  const std::vector<RangeBreakdown> b = break_down_ranges(t, attribution, {"outer", "inner"});
+  ASSERT_EQ(b[0].nested.size(), 2u);
+  EXPECT_EQ(b[0].nested[0].path, (std::vector<std::string>{"b"}));  // ran first, though listed later
+  EXPECT_EQ(b[0].nested[1].path, (std::vector<std::string>{"a"}));
+  EXPECT_EQ(b[0].gpu_ns, 30u);
+  EXPECT_EQ(b[1].gpu_ns, 40u);
+  EXPECT_EQ(b[1].repetitions, 0u);
 }
 
 }  // namespace

@@ -77,5 +77,30 @@ cp "$work/slow.db" "$work/other.db"
 python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute(\"UPDATE cases SET name='demo/other/8/fp32'\"); c.commit()" "$work/other.db"
 check_code 1 "compare of runs without a common case" "$FUSEKIT" compare --db "$work/a.db" --against "$work/other.db"
 check "it says they share no case" grep -q "have no case (name and variant) in common" "$work/last.out"
+# Training steps whose backward kernels come from a thread without ranges: by time, they belong to
+# the step's backward range and to their case.
+"$MAKE_STORE" "$work/steps.db" 1000 500 4 steps || exit 1
+check "summary --categories" "$FUSEKIT" summary --db "$work/steps.db" --categories
+check "categories: fused's GEMM share and us per rep" grep -Eq "^ +2 +0\.400 +75\.0 \(0\.300\) +25\.0 \(0\.100\) +fused " "$work/last.out"
+check "nested ranges: the backward holds the other thread's kernels" grep -Eq "62\.5 \(0\.500\) +25\.0 \(0\.100\) +  backward" "$work/last.out"
+check "summary --categories --range" "$FUSEKIT" summary --db "$work/steps.db" --categories --range step
+check "by range name" grep -Eq "^ +-? +.* step$" "$work/last.out"
+check_code 1 "summary --categories without case ranges" "$FUSEKIT" summary --db "$work/a.db" --categories
+check "it says what to do" grep -q "no case whose range holds GPU work: name the ranges to break down with --range" "$work/last.out"
+check "summary" "$FUSEKIT" summary --db "$work/steps.db"
+check "backward holds nothing by thread" grep -Eq " 0 +backward$" "$work/last.out"
+check "summary --project-ranges" "$FUSEKIT" summary --db "$work/steps.db" --project-ranges
+check "backward holds the other thread's kernels" grep -Eq " 4 +backward$" "$work/last.out"
+check "it counts the projected kernels" grep -q "^4 kernels placed by time (unranged projection)" "$work/last.out"
+check "summary --project-ranges=all" "$FUSEKIT" summary --db "$work/steps.db" --project-ranges=all
+check_code 2 "summary --project-ranges=sideways" "$FUSEKIT" summary --db "$work/steps.db" --project-ranges=sideways
+check "report csv categories" "$FUSEKIT" report --db "$work/steps.db" --format csv --table categories
+check "categories csv" grep -q "^1,demo/scale_add/1024/fp32,fused,2,4,0.800,0.400,75.00,0.300," "$work/last.out"
+check "report csv step-ranges" "$FUSEKIT" report --db "$work/steps.db" --format csv --table step-ranges
+check "step-ranges csv" grep -q "^1,demo/scale_add/1024/fp32,baseline,step > backward,2,62.50,0.500$" "$work/last.out"
+check "report md" "$FUSEKIT" report --db "$work/steps.db" --format md --project-ranges
+check "md: categories" grep -q "^## GPU time by kernel category" "$work/last.out"
+check "md: step ranges" grep -q "| 62.5 (0.500) | 25.0 (0.100) | \`step > backward\` |" "$work/last.out"
+check "md: projected range table" grep -q "(unranged projection)" "$work/last.out"
 echo "cli_smoke: $passed passed, $failures failed"
 [ "$failures" = 0 ]

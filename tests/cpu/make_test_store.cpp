@@ -1,6 +1,9 @@
 // Writes a fusekit store with one synthetic run, for the CLI tests: two cases (baseline, fused)
-// whose samples are drawn around given medians, and a small trace with nested ranges.
-// Usage: make_test_store OUT.db BASELINE_MEDIAN_NS FUSED_MEDIAN_NS SEED
+// whose samples are drawn around given medians, and a small trace with nested ranges; with `steps`,
+// instead a trace of training steps: each case's range holds two "rep" ranges, each a step >
+// forward / backward whose backward kernels come from a second thread that opens no range (as
+// PyTorch's autograd thread).
+// Usage: make_test_store OUT.db BASELINE_MEDIAN_NS FUSED_MEDIAN_NS SEED [steps]
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -8,12 +11,72 @@
 
 #include "store/store.h"
 
+namespace {
+
+using namespace fusekit;
+
+profiler::RangeRecord range(const char* text, uint64_t start, uint64_t end) {
+  profiler::RangeRecord r;
+  r.start = start;
+  r.end = end;
+  r.process_id = 10;
+  r.thread_id = 11;
+  r.end_thread_id = 11;
+  r.text = text;
+  return r;
+}
+
+// Per case, two repetitions of a step: a GEMM in the forward, launched by the main thread (11); a
+// LayerNorm backward in the backward, launched by a thread that holds no range (12).
+profiler::Trace training_steps() {
+  profiler::Trace t;
+  t.process_id = 10;
+  uint32_t correlation = 0;
+  auto launch = [&](const char* name, uint64_t at, uint32_t thread, uint64_t duration) {
+    profiler::ApiRecord a;
+    a.start = at;
+    a.end = at + 5;
+    a.process_id = 10;
+    a.thread_id = thread;
+    a.correlation_id = ++correlation;
+    a.name = "cudaLaunchKernel_v7000";
+    t.api_calls.push_back(a);
+    profiler::KernelRecord k;
+    k.start = at + 10;
+    k.end = k.start + duration;
+    k.stream_id = 7;
+    k.correlation_id = correlation;
+    k.process_id = 10;
+    k.name = name;
+    t.kernels.push_back(k);
+  };
+  uint64_t at = 1000;
+  for (const char* variant : {"baseline", "fused"}) {
+    const uint64_t case_start = at;
+    for (int rep = 0; rep < 2; ++rep) {
+      t.ranges.push_back(range("rep", at, at + 2000));
+      t.ranges.push_back(range("step", at, at + 2000));
+      t.ranges.push_back(range("forward", at, at + 1000));
+      t.ranges.push_back(range("backward", at + 1000, at + 2000));
+      launch("nvjet_sm90_hsh_128x128_64x6_1x1_h_bz_NNT", at + 100, 11, 300);
+      launch("void at::native::(anonymous namespace)::layer_norm_grad_input_kernel_vectorized<float, float, false>()",
+             at + 1100, 12, std::string(variant) == "fused" ? 100 : 500);
+      at += 2000;
+    }
+    t.ranges.push_back(range((std::string("demo/scale_add/1024/fp32 [") + variant + "]").c_str(), case_start, at));
+    at += 1000;
+  }
+  return t;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: make_test_store OUT.db BASELINE_NS FUSED_NS SEED\n");
+  const bool steps = argc == 6 && std::string(argv[5]) == "steps";
+  if (argc != 5 && !steps) {
+    std::fprintf(stderr, "usage: make_test_store OUT.db BASELINE_NS FUSED_NS SEED [steps]\n");
     return 2;
   }
-  using namespace fusekit;
   try {
     store::Store store = store::Store::open(argv[1], store::Store::Mode::create);
     store::RunInfo info;
@@ -30,6 +93,11 @@ int main(int argc, char** argv) {
     }
     profiler::Trace t;
     t.process_id = 10;
+    if (steps) {
+      store.append_trace(run, training_steps());
+      store.finish_run(run, "ok", 0);
+      return 0;
+    }
     profiler::RangeRecord outer;
     outer.start = 1000;
     outer.end = 9000;

@@ -564,6 +564,123 @@ TEST(Markdown, EmptyReportSaysSo) {
   EXPECT_TRUE(table_after(md, "## Cases").empty());
 }
 
+// ---- GPU time by kernel category and nested range
+
+// Two variants of one step case: fused with 2 marked repetitions and nested ranges, a peer
+// without "rep" ranges or nested ranges; and a case whose name needs quoting.
+std::vector<CaseBreakdown> make_breakdowns() {
+  using profiler::KernelCategory;
+  auto at = [](KernelCategory c) { return static_cast<size_t>(c); };
+  CaseBreakdown fused{"step/base/fp16/fwd", "fused", {}};
+  fused.breakdown.repetitions = 2;
+  fused.breakdown.kernels = 10;
+  fused.breakdown.gpu_ns = 8000;
+  fused.breakdown.category_ns[at(KernelCategory::gemm)] = 6000;
+  fused.breakdown.category_ns[at(KernelCategory::optimizer)] = 2000;
+  fused.breakdown.nested = {{{"step"}, 7000, 1}, {{"step", "forward"}, 2000, 2}, {{"step", "backward"}, 3000, 3}};
+  CaseBreakdown peer{"step/base/fp16/fwd", "peer:eager", {}};
+  peer.breakdown.kernels = 30;
+  peer.breakdown.gpu_ns = 30000;
+  peer.breakdown.category_ns[at(KernelCategory::gemm)] = 15000;
+  peer.breakdown.category_ns[at(KernelCategory::elementwise)] = 15000;
+  CaseBreakdown quoted{"with, comma \"and quote\"", "fused", {}};
+  quoted.breakdown.repetitions = 1;
+  quoted.breakdown.kernels = 1;
+  quoted.breakdown.gpu_ns = 1500;
+  quoted.breakdown.category_ns[at(KernelCategory::other)] = 1500;
+  return {fused, peer, quoted};
+}
+
+TEST(ShareCell, PercentAndMicrosecondsPerRepetition) {
+  EXPECT_EQ(share_cell(6000, 8000, 2), "75.0 (3.000)");
+  EXPECT_EQ(share_cell(15000, 30000, 0), "50.0");
+  EXPECT_EQ(share_cell(0, 30000, 3), "-");
+}
+
+TEST(CategoriesCsv, EveryCategoryAsPercentAndMicrosecondsPerRepetition) {
+  RunReport r;
+  r.run.id = 4;
+  r.case_breakdowns = make_breakdowns();
+  const auto rows = parse_csv(categories_csv(r));
+  ASSERT_EQ(rows.size(), 4u);
+  ASSERT_EQ(rows[0].size(), 7u + 2 * 9);
+  EXPECT_EQ(std::vector<std::string>(rows[0].begin(), rows[0].begin() + 9),
+            (std::vector<std::string>{"run_id", "name", "variant", "repetitions", "kernels", "gpu_us", "gpu_us_per_rep",
+                                      "gemm_percent", "gemm_us_per_rep"}));
+  EXPECT_EQ(rows[0][19], "copy_cast_percent");
+  EXPECT_EQ(rows[0].back(), "other_us_per_rep");
+  EXPECT_EQ(
+      std::vector<std::string>(rows[1].begin(), rows[1].begin() + 9),
+      (std::vector<std::string>{"4", "step/base/fp16/fwd", "fused", "2", "10", "8.000", "4.000", "75.00", "3.000"}));
+  EXPECT_EQ(rows[1][17], "25.00");  // optimizer
+  EXPECT_EQ(rows[1][18], "1.000");
+  EXPECT_EQ(rows[1][9], "0.00");  // attention: none
+  // The peer marks no repetitions: the total and percentages only.
+  EXPECT_EQ(rows[2][3], "0");
+  EXPECT_EQ(rows[2][5], "30.000");
+  EXPECT_EQ(rows[2][6], "");
+  EXPECT_EQ(rows[2][7], "50.00");
+  EXPECT_EQ(rows[2][8], "");
+  EXPECT_EQ(rows[3][1], "with, comma \"and quote\"");
+  EXPECT_EQ(rows[3].back(), "1.500");
+  EXPECT_EQ(parse_csv(categories_csv(make_empty_report())).size(), 1u);
+}
+
+TEST(StepRangesCsv, ARowPerNestedRange) {
+  RunReport r;
+  r.run.id = 4;
+  r.case_breakdowns = make_breakdowns();
+  const auto rows = parse_csv(step_ranges_csv(r));
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[0],
+            (std::vector<std::string>{"run_id", "name", "variant", "range", "depth", "percent", "us_per_rep"}));
+  EXPECT_EQ(rows[3],
+            (std::vector<std::string>{"4", "step/base/fp16/fwd", "fused", "step > backward", "2", "37.50", "1.500"}));
+}
+
+TEST(CategoryTable, ShowsTheCategoriesThatHoldTime) {
+  const ReportTable t = category_table(make_breakdowns());
+  EXPECT_EQ(t.header, (std::vector<std::string>{"Reps", "GPU (us/rep)", "GEMM", "elementwise", "optimizer", "other",
+                                                "Variant", "Case"}));
+  EXPECT_EQ(t.text_from, 6u);
+  ASSERT_EQ(t.rows.size(), 3u);
+  EXPECT_EQ(t.rows[0], (std::vector<std::string>{"2", "4.000", "75.0 (3.000)", "-", "25.0 (1.000)", "-", "fused",
+                                                 "step/base/fp16/fwd"}));
+  EXPECT_EQ(t.rows[1],
+            (std::vector<std::string>{"-", "-", "50.0", "50.0", "-", "-", "peer:eager", "step/base/fp16/fwd"}));
+}
+
+TEST(NestedRangeTables, VariantsSideBySideWithTheRestInNoRange) {
+  const std::vector<TitledTable> tables = nested_range_tables(make_breakdowns(), false);
+  ASSERT_EQ(tables.size(), 1u);  // the quoted case holds no nested range
+  const ReportTable& t = tables[0].table;
+  EXPECT_EQ(tables[0].title, "step/base/fp16/fwd");
+  EXPECT_EQ(t.header, (std::vector<std::string>{"fused", "peer:eager", "Range"}));
+  ASSERT_EQ(t.rows.size(), 4u);
+  EXPECT_EQ(t.rows[0], (std::vector<std::string>{"87.5 (3.500)", "-", "step"}));
+  EXPECT_EQ(t.rows[2], (std::vector<std::string>{"37.5 (1.500)", "-", "step > backward"}));
+  EXPECT_EQ(t.rows[3], (std::vector<std::string>{"12.5 (0.500)", "100.0", "(in no nested range)"}));
+  const std::string text = nested_range_tables_text(make_breakdowns());
+  EXPECT_NE(text.find("step/base/fp16/fwd:"), std::string::npos);
+  EXPECT_NE(text.find("  backward\n"), std::string::npos) << text;
+}
+
+TEST(Markdown, GpuTimeByCategoryAndStepRange) {
+  RunReport r = make_report();
+  EXPECT_EQ(report_markdown(r).find("## GPU time by kernel category"), std::string::npos);
+  r.case_breakdowns = make_breakdowns();
+  const std::string md = report_markdown(r);
+  const auto categories = table_after(md, "## GPU time by kernel category");
+  ASSERT_EQ(categories.size(), 2u + 3);
+  for (const std::string& line : categories) EXPECT_EQ(cell_count(line), 8u) << line;
+  EXPECT_NE(md.find("| 2 | 4.000 | 75.0 (3.000) | - | 25.0 (1.000) | - | fused | `step/base/fp16/fwd` |"),
+            std::string::npos)
+      << md;
+  const auto steps = table_after(md, "### `step/base/fp16/fwd`");
+  ASSERT_EQ(steps.size(), 2u + 4);
+  EXPECT_NE(md.find("| 25.0 (1.000) | - | `step > forward` |"), std::string::npos);
+}
+
 // ---- JSON
 
 TEST(Json, StringsEscapeControlCharactersAndBadUtf8) {

@@ -165,17 +165,28 @@ def make_case(case):
 
         def step(s):
             model, optimizer, scaler = run["model"], run["optimizer"], run["scaler"]
+            # The NVTX ranges of fusekit's variants (models/): bert.step > bert.forward / bert.backward /
+            # bert.optimizer. Backward runs on autograd's thread; fusekit's reports place its kernels
+            # in bert.backward by time.
+            nvtx = torch.cuda.nvtx
+            nvtx.range_push("bert.step")
             # The driver times a "fwd" case under no_grad; a training step needs autograd.
             with torch.enable_grad():
                 optimizer.zero_grad(set_to_none=True)
+                nvtx.range_push("bert.forward")
                 loss = fn(model, *batches[s])
+                nvtx.range_pop()
+                nvtx.range_push("bert.backward")
+                (loss if scaler is None else scaler.scale(loss)).backward()
+                nvtx.range_pop()
+                nvtx.range_push("bert.optimizer")
                 if scaler is None:
-                    loss.backward()
                     optimizer.step()
                 else:
-                    scaler.scale(loss).backward()
                     scaler.step(optimizer)
                     scaler.update()
+                nvtx.range_pop()
+            nvtx.range_pop()
             run["steps"] += 1
             if run["steps"] == 1 and run["variant"] == "compile":
                 run["graphs"] = graphs_compiled()  # forward and backward compiled by now
