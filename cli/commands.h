@@ -78,9 +78,10 @@ int compare(const CompareOptions& o);
 
 struct ReportOptions {
   RunSelection source;
-  std::string format;           // csv | html | md | json
-  std::string table = "cases";  // for csv: cases | kernels | ranges
-  std::string output;           // "" or "-": stdout
+  std::string format;                // csv | html | md | json
+  std::string table = "cases";       // for csv: cases | kernels | ranges
+  std::string output;                // "" or "-": stdout
+  std::vector<std::string> history;  // for html: more stores whose runs the history charts show
 };
 int report(const ReportOptions& o);
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
@@ -42,6 +43,9 @@ RunReport load_run_report(const store::Store& store, int64_t run) {
   report.kernels = profiler::summarize_kernels(trace, attribution);
   report.ranges = profiler::summarize_ranges(trace, attribution);
   report.totals = profiler::summarize_run(trace);
+  std::set<CaseKey> keys;
+  for (const CaseResult& c : report.cases) keys.emplace(c.info.name, c.info.variant);
+  report.case_kernels = case_kernels(trace, attribution, keys);
   return report;
 }
 

@@ -14,6 +14,7 @@
 
 #include "profiler/records.h"
 #include "profiler/summary.h"
+#include "reports/case_kernels.h"
 #include "store/run_records.h"
 #include "store/store.h"
 
@@ -45,6 +46,8 @@ struct RunReport {
   std::vector<profiler::KernelStats> kernels;
   std::vector<profiler::RangeStats> ranges;
   profiler::RunTotals totals;
+  // Per (case name, variant): the kernels of the case's traced repetitions (reports/case_kernels.h).
+  std::map<std::pair<std::string, std::string>, VariantKernels> case_kernels;
 };
 
 // The run's cases with their derived statistics, kernel and range summaries and totals. Throws
