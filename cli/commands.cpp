@@ -14,6 +14,7 @@
 #include "reports/compare.h"
 #include "reports/csv.h"
 #include "reports/gate.h"
+#include "reports/history.h"
 #include "reports/html.h"
 #include "reports/json.h"
 #include "reports/markdown.h"
@@ -309,6 +310,7 @@ int compare(const CompareOptions& o) {
 }
 
 int report(const ReportOptions& o) {
+  if (!o.history.empty() && o.format != "html") throw std::invalid_argument("--history is for --format html");
   OpenedRun r = open_run(o.source);
   const reports::RunReport rep = reports::load_run_report(r.store, r.run, {parse_projection(o.project_ranges)});
   std::string content;
@@ -329,7 +331,12 @@ int report(const ReportOptions& o) {
       throw std::invalid_argument("unknown table '" + o.table +
                                   "' (cases, cases-wide, kernels, ranges, categories, step-ranges)");
   } else if (o.format == "html") {
-    content = reports::report_html(rep);
+    // The history: the runs of the report's store and of the --history stores that share its cases.
+    std::vector<Store> others;
+    for (const std::string& path : o.history) others.push_back(Store::open(path, Store::Mode::read_only));
+    std::vector<const Store*> stores = {&r.store};
+    for (const Store& s : others) stores.push_back(&s);
+    content = reports::report_html(rep, reports::load_history(stores, rep.run, rep.cases));
   } else if (o.format == "md") {
     content = reports::report_markdown(rep);
   } else if (o.format == "json") {

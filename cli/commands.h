@@ -80,10 +80,11 @@ int compare(const CompareOptions& o);
 
 struct ReportOptions {
   RunSelection source;
-  std::string format;           // csv | html | md | json
-  std::string table = "cases";  // for csv: cases | cases-wide | kernels | ranges | categories | step-ranges
-  std::string output;           // "" or "-": stdout
-  std::string project_ranges;   // "": by the run (reports::ReportOptions); "none" | "unranged" | "all"
+  std::string format;                // csv | html | md | json
+  std::string table = "cases";       // for csv: cases | cases-wide | kernels | ranges | categories | step-ranges
+  std::string output;                // "" or "-": stdout
+  std::string project_ranges;        // "": by the run (reports::ReportOptions); "none" | "unranged" | "all"
+  std::vector<std::string> history;  // for html: more stores whose runs the history charts show
 };
 int report(const ReportOptions& o);
 

@@ -138,6 +138,11 @@ int main(int argc, char** argv) {
                  "runs of the models suite); =all: every kernel; =none: the launching thread's ranges only")
       ->check(CLI::IsMember({"none", "unranged", "all"}));
   report_cmd->add_option("-o,--output", report_options.output, "Output file (default: standard output)");
+  report_cmd
+      ->add_option("--history", report_options.history,
+                   "For html: more stores (repeatable) whose runs on the same GPU join the charts of each case's "
+                   "median over the runs; the report's own store's other runs always do")
+      ->check(CLI::ExistingFile);
 
   ExportOptions export_options;
   CLI::App* export_cmd = app.add_subcommand("export", "Write a run's trace as Chrome trace JSON (opens in Perfetto)");

@@ -1,4 +1,13 @@
-// The run report as one self-contained HTML page: metadata, three charts, and the Markdown report's tables.
+// The run report as one self-contained HTML page.
+//
+// A run of cases shows its metadata, a table of operators (fused's speedups summed up), then a section per
+// operator (or model): a chart of fused's speedup over each other variant by case, a sortable table with a
+// row per case and the variants side by side (median and Q1-Q3; the speedup over the libtorch baseline and
+// over the fastest other variant, named; fused's share of the copy ceiling and TFLOP/s), with a history,
+// a chart of each case's median over the runs of the history, and per case a collapsible block of its
+// kernel time shares, a stacked bar per variant (reports/case_kernels.h; names from
+// reports/kernel_names.h). The whole run's kernel and range tables follow, folded. A run without cases
+// (a traced program) shows the whole run's kernel time shares and its kernel and range tables.
 //
 // The page fetches nothing when viewed: Chart.js is inlined from the copy embedded in the binary, the data
 // travels as JSON in a <script type="application/json"> element, and a Content-Security-Policy forbids every
@@ -9,11 +18,13 @@
 #include <string_view>
 #include <vector>
 
+#include "reports/history.h"
 #include "reports/run_report.h"
 
 namespace fusekit::reports {
 
-std::string report_html(const RunReport& report);
+// `history`: the runs whose medians the history charts show (reports/history.h); none with fewer than two.
+std::string report_html(const RunReport& report, const History& history = {});
 
 // One line of the index page: a report and the run it shows.
 struct IndexEntry {

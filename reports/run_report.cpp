@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
@@ -61,6 +62,9 @@ RunReport load_run_report(const store::Store& store, int64_t run, const ReportOp
             ? break_down_cases(trace, attribution, report.cases)
             : break_down_cases(trace, profiler::attribute(trace, report.breakdown_projection), report.cases);
   }
+  std::set<CaseKey> keys;
+  for (const CaseResult& c : report.cases) keys.emplace(c.info.name, c.info.variant);
+  report.case_kernels = case_kernels(trace, attribution, keys);
   return report;
 }
 

@@ -21,6 +21,7 @@
 
 #include "profiler/records.h"
 #include "profiler/summary.h"
+#include "reports/case_kernels.h"
 #include "store/run_records.h"
 #include "store/store.h"
 
@@ -66,6 +67,8 @@ struct RunReport {
   profiler::RangeProjection range_projection = profiler::RangeProjection::none;  // of `ranges`
   std::vector<CaseBreakdown> case_breakdowns;  // cases whose range holds GPU work, a case's variants together
   profiler::RangeProjection breakdown_projection = profiler::RangeProjection::unranged;
+  // Per (case name, variant): the kernels of the case's traced repetitions (reports/case_kernels.h).
+  std::map<std::pair<std::string, std::string>, VariantKernels> case_kernels;
 };
 
 struct ReportOptions {

@@ -463,6 +463,13 @@ int64_t Store::latest_run() const {
   return s.integer(0);
 }
 
+std::vector<RunInfo> Store::runs() const {
+  Statement s(db_, path_, (std::string(kRunColumns) + " ORDER BY id").c_str());
+  std::vector<RunInfo> out;
+  while (s.step()) out.push_back(read_run(s));
+  return out;
+}
+
 std::vector<GpuInfo> Store::gpus(int64_t run) const {
   Statement s(db_, path_,
               "SELECT id, name, uuid, busLocation, totalMemory, smCount, computeMajor, computeMinor, l2CacheSize "

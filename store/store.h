@@ -61,8 +61,9 @@ class Store {
   int64_t add_case(int64_t run, const CaseInfo& info, const std::vector<double>& samples_ns,
                    const std::vector<CaseMetric>& metrics = {});
 
-  RunInfo run(int64_t id) const;  // throws StoreError if there is no such run
-  int64_t latest_run() const;     // throws StoreError if the store has no run
+  RunInfo run(int64_t id) const;      // throws StoreError if there is no such run
+  int64_t latest_run() const;         // throws StoreError if the store has no run
+  std::vector<RunInfo> runs() const;  // every run, by id
   std::vector<GpuInfo> gpus(int64_t run) const;
   profiler::Trace load_trace(int64_t run) const;
   std::vector<StoredCase> load_cases(int64_t run) const;  // in the order they were added

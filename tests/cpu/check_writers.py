@@ -3,14 +3,17 @@
 
 The dumper writes a sample report (tests/cpu/writers_dump.cpp: 4 cases, 24 kernels, names with commas,
 quotes, pipes and "</script>") into a temporary directory. This script checks that the HTML fetches nothing
-when viewed and holds exactly the <script> elements it should, that the CSV files read back with the csv
-module, and that the Chrome trace is JSON with its events. One line per check; on failure, one line saying
-why and a non-zero exit.
+when viewed, holds exactly the <script> elements it should and is well formed (every element closed, in
+order), that the CSV files read back with the csv module, and that the Chrome trace is JSON with its events.
+Where a Chromium is installed, it also loads the page headless: the page's script runs without an error,
+builds the kernel block of the case a link opens, and Chart.js draws the operator's chart. One line per
+check; on failure, one line saying why and a non-zero exit.
 """
 import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,6 +22,7 @@ from html.parser import HTMLParser
 EVIL_KERNEL = "evil</script><script>alert('x')</script>&\"<!--<script>"
 COMMA_CASE = 'attn, "windowed" 7x7 | mask'
 CASES, KERNELS = 4, 24
+CASE_NAMES = 2  # the cases' distinct names: a row each in the HTML
 CASE_COLUMNS = ["run_id", "name", "op", "shape", "dtype", "variant", "samples", "median_us", "q1_us", "q3_us",
                 "min_us", "max_us", "speedup", "bytes", "bandwidth_GBps", "bandwidth_percent", "flops", "tflops"]
 KERNEL_COLUMNS = ["Time (%)", "Total Time (ns)", "Instances", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)",
@@ -48,6 +52,36 @@ def css_fetches(css):
     if re.search(r"@import", css, re.IGNORECASE):
         urls.append("@import")
     return urls
+
+
+# Elements that have no end tag, and those whose end tag HTML lets a writer leave out (this writer doesn't).
+VOID_TAGS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+
+
+class Structure(HTMLParser):
+    """Checks that every element is closed, in order: the HTML parses to the tree its writer meant."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.open = []
+        self.errors = []
+        self.ids = []
+
+    def handle_starttag(self, tag, attrs):
+        if "id" in dict(attrs):
+            self.ids.append(dict(attrs)["id"])
+        if tag not in VOID_TAGS:
+            self.open.append((tag, self.getpos()))
+
+    def handle_startendtag(self, tag, attrs):
+        if tag not in VOID_TAGS:
+            self.errors.append(f"<{tag}/> at {self.getpos()}")
+
+    def handle_endtag(self, tag):
+        if not self.open or self.open[-1][0] != tag:
+            self.errors.append(f"</{tag}> at {self.getpos()} closes {self.open[-1] if self.open else 'nothing'}")
+            return
+        self.open.pop()
 
 
 class Page(HTMLParser):
@@ -108,14 +142,42 @@ def check_html(path):
     kinds = [(a.get("type", ""), a.get("id", "")) for a, _ in page.scripts]
     check(kinds == [("application/json", "fusekit-data"), ("", ""), ("", "")],
           "report.html has exactly the data, Chart.js and page <script> elements", kinds)
+    structure = Structure()
+    structure.feed(html)
+    structure.close()
+    check(not structure.errors and not structure.open, "report.html is well formed: every element closed, in order",
+          (structure.errors + [f"<{t}> at {p} left open" for t, p in structure.open])[:3])
+    check(len(structure.ids) == len(set(structure.ids)), "its ids are unique")
     data = json.loads(page.scripts[0][1])
-    check(len(data["cases"]) == CASES and EVIL_KERNEL in [k["name"] for k in data["kernels"]],
-          "the chart data is JSON and carries the kernel names unchanged")
+    check(len(data["cases"]) == CASE_NAMES and EVIL_KERNEL in [k["name"] for k in data["names"]],
+          "the page's data is JSON and carries the kernel names unchanged")
     chartjs = page.scripts[1][1]
     check(len(chartjs) > 100_000 and "Chart.js v3.9.1" in chartjs, "Chart.js 3.9.1 is inlined")
     check("new Chart(" in page.scripts[2][1], "the page's script draws the charts")
     check(EVIL_KERNEL in page.cells and COMMA_CASE in page.cells,
           "table cells read back as the exact names (HTML escaping round-trips)")
+    check_in_browser(path)
+
+
+def check_in_browser(path):
+    """Loads the page in headless Chromium, where one is installed, opened at the first case's kernel block."""
+    browser = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+    if browser is None:
+        print("skipped: the page in a browser (no Chromium installed)")
+        return
+    with tempfile.TemporaryDirectory() as profile:
+        result = subprocess.run([browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                                 f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--dump-dom",
+                                 "file://" + os.path.abspath(path) + "#case-0"],
+                                capture_output=True, text=True, timeout=120)
+    check(result.returncode == 0 and "</html>" in result.stdout, "Chromium loads report.html",
+          result.stderr.strip()[-300:])
+    errors = [line for line in result.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+    check(not errors, "its script runs without an error", errors[:2])
+    check(result.stdout.count('class="kbar-row"') == 2, "the linked case's block has a bar per traced variant",
+          result.stdout.count('class="kbar-row"'))
+    check(re.search(r'<canvas id="speedup-0"[^>]*style="[^"]*height', result.stdout) is not None,
+          "Chart.js drew the operator's speedup chart")
 
 
 def check_csv(path, columns, rows):

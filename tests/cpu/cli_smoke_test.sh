@@ -44,6 +44,14 @@ for format in csv md json html; do
   check "report $format" "$FUSEKIT" report --db "$work/a.db" --format "$format" -o "$work/report.$format"
   check "report $format is not empty" test -s "$work/report.$format"
 done
+# The HTML report: a section per operator; with --history, a chart of each case's median over the runs.
+check "report html has the operator's section" grep -q '<section id="op-0">' "$work/report.html"
+check "report html with --history" "$FUSEKIT" report --db "$work/a.db" --format html --history "$work/slow.db" \
+  -o "$work/history.html"
+check "it charts the medians over both runs" grep -q '<canvas id="history-0">' "$work/history.html"
+check "a report of one run has no history" bash -c '! grep -q "<canvas id=\"history-0\">" "$1"' _ "$work/report.html"
+check_code 2 "--history is for html" "$FUSEKIT" report --db "$work/a.db" --format md --history "$work/slow.db"
+check_code 2 "--history of a missing store" "$FUSEKIT" report --db "$work/a.db" --format html --history "$work/none.db"
 check "report csv kernels" "$FUSEKIT" report --db "$work/a.db" --run 1 --format csv --table kernels
 check "csv has the nsys columns" grep -q "Instances" "$work/last.out"
 check "report json parses" python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$work/report.json"

@@ -246,6 +246,25 @@ TEST_F(StoreTest, NsysStyleJoinRunsUnchanged) {
   sqlite3_close(raw);
 }
 
+TEST_F(StoreTest, RunsListsEveryRunById) {
+  Store s = Store::open(path("runs.db"), Store::Mode::create);
+  EXPECT_TRUE(s.runs().empty());
+  RunInfo a;
+  a.git_commit = "aaaa";
+  RunInfo b;
+  b.git_commit = "bbbb";
+  b.started_at = "2026-01-02T00:00:00Z";
+  const int64_t first = s.begin_run(a);
+  const int64_t second = s.begin_run(b);
+  const std::vector<RunInfo> runs = s.runs();
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_EQ(runs[0].id, first);
+  EXPECT_EQ(runs[0].git_commit, "aaaa");
+  EXPECT_EQ(runs[1].id, second);
+  EXPECT_EQ(runs[1].started_at, "2026-01-02T00:00:00Z");
+  EXPECT_EQ(runs[1].status, "running");
+}
+
 TEST_F(StoreTest, MissingFileIsAnErrorUnlessCreating) {
   EXPECT_THROW(Store::open(path("missing.db"), Store::Mode::read_only), StoreError);
   EXPECT_THROW(Store::open(path("missing.db"), Store::Mode::read_write), StoreError);

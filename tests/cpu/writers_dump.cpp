@@ -1,6 +1,6 @@
-// Writes a sample report (names with commas, quotes, pipes, templates and "</script>") as report.html,
-// cases.csv, kernels.csv and trace.json into the directory argv[1], for check_writers.py to read with
-// Python's own parsers.
+// Writes a sample report (names with commas, quotes, pipes, templates and "</script>"; two cases, one with
+// its traced kernels) as report.html, cases.csv, kernels.csv and trace.json into the directory argv[1], for
+// check_writers.py to read with Python's own parsers (and a browser, where one is installed).
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -55,6 +55,17 @@ reports::RunReport sample_report() {
     r.kernels.push_back(k);
   }
   r.ranges = {{"train_step", 10, 5000000, 4000000, 30, 4500000, 0.2}};
+  // The traced kernels of two variants of the first case, for the case's kernel block.
+  reports::VariantKernels fused, baseline;
+  fused.kernel_ns = 30000;
+  fused.launches = 3;
+  fused.repetitions = 3;
+  fused.kernels = {{kEvilKernel, 30000, 3}};
+  baseline.kernel_ns = 75000;
+  baseline.launches = 9;
+  baseline.kernels = {{names[0], 50000, 6}, {names[2], 25000, 3}};
+  r.case_kernels[{"layernorm/8192x768/fp16/fwd", "fused"}] = fused;
+  r.case_kernels[{"layernorm/8192x768/fp16/fwd", "baseline"}] = baseline;
   return r;
 }
 

@@ -764,7 +764,14 @@ std::string data_element(const std::string& html) {
 }
 
 TEST(Html, EmbedsChartJsFetchesNothingAndEscapesNames) {
-  const RunReport r = make_report();
+  RunReport r = make_report();
+  // The fused variant's traced kernels: the kernel named "...</script>..." among them.
+  VariantKernels traced;
+  traced.kernel_ns = 3000;
+  traced.launches = 3;
+  traced.repetitions = 3;
+  traced.kernels = {{kEvilKernel, 2000, 2}, {kTemplateKernel, 1000, 1}};
+  r.case_kernels[{"layernorm/8192x768/fp16/fwd", "fused"}] = traced;
   const std::string html = report_html(r);
   EXPECT_NE(html.find(chartjs_source()), std::string::npos);
   expect_nothing_remote(html);
@@ -777,19 +784,40 @@ TEST(Html, EmbedsChartJsFetchesNothingAndEscapesNames) {
             std::string::npos);
   EXPECT_NE(html.find("void f&lt;int, 2&gt;(float*)"), std::string::npos);
   EXPECT_NE(html.find("attn, &quot;windowed&quot; 7x7 | mask"), std::string::npos);
-  for (const char* canvas : {"chart-medians", "chart-speedups", "chart-kernels"})
-    EXPECT_NE(html.find(std::string("<canvas id=\"") + canvas + "\">"), std::string::npos) << canvas;
-  // The charts' data is JSON and carries the names unchanged.
+  // One operator (every case of the sample is a layernorm case): its speedup chart; the whole run's kernel
+  // chart is for runs without cases.
+  EXPECT_NE(html.find("<canvas id=\"speedup-0\">"), std::string::npos);
+  EXPECT_EQ(html.find("<canvas id=\"chart-kernels\">"), std::string::npos);
+  // The page's data is JSON and carries the names unchanged.
   const Json data = parse_json(data_element(html));
-  ASSERT_EQ(data["cases"].items.size(), r.cases.size());
-  EXPECT_EQ(data["cases"].items[2]["name"].text, kCommaCase);
+  ASSERT_EQ(data["ops"].items.size(), 1u);
+  ASSERT_EQ(data["cases"].items.size(), 3u);  // a case per name
+  EXPECT_EQ(data["cases"].items[1]["name"].text, kCommaCase);
+  ASSERT_EQ(data["names"].items.size(), 2u);
+  EXPECT_EQ(data["names"].items[0]["name"].text, kEvilKernel);
+  EXPECT_EQ(data["names"].items[1]["short"].text, "f");
+  const Json& fused = data["cases"].items[0]["variants"].items[0];
+  EXPECT_EQ(fused["variant"].text, "fused");
+  EXPECT_EQ(fused["reps"].value, 3);
+  ASSERT_EQ(fused["top"].items.size(), 2u);
+  EXPECT_EQ(fused["top"].items[0].items[1].value, 2000);
+  // Tables: metadata rows; the operators (header, one row); the operator's cases (header, a row per case
+  // name); the whole run's kernels and ranges.
+  EXPECT_EQ(count(html, "<tr>"), run_metadata(r).size() + 2 + 1 + 3 + 1 + kTopKernels + 1 + r.ranges.size());
+  EXPECT_NE(html.find("5 more kernels, 20.0 % of kernel time, are not shown."), std::string::npos);
+}
+
+TEST(Html, RunWithoutCasesShowsTheWholeRunsKernels) {
+  RunReport r = make_report();
+  r.cases.clear();
+  const std::string html = report_html(r);
+  EXPECT_NE(html.find("<canvas id=\"chart-kernels\">"), std::string::npos);
+  EXPECT_NE(html.find("No cases in this run."), std::string::npos);
+  const Json data = parse_json(data_element(html));
   ASSERT_EQ(data["kernels"].items.size(), kTopKernels);
   EXPECT_EQ(data["kernels"].items[1]["name"].text, kEvilKernel);
-  EXPECT_EQ(data["kernels"].items[0]["short_name"].text, "f");
+  EXPECT_EQ(data["kernels"].items[0]["short"].text, "f");
   EXPECT_EQ(data["other_kernels"]["count"].value, 5);
-  // Tables: metadata rows, then a header and a row per case, per shown kernel and per range.
-  EXPECT_EQ(count(html, "<tr>"), run_metadata(r).size() + 1 + r.cases.size() + 1 + kTopKernels + 1 + r.ranges.size());
-  EXPECT_NE(html.find("5 more kernels, 20.0 % of kernel time, are not shown."), std::string::npos);
 }
 
 TEST(Html, EmptyReportRendersWithoutCharts) {

@@ -1,0 +1,43 @@
+// The kernels of each case's traced repetitions, per variant: what the HTML report's per-case kernel time
+// shares show.
+//
+// The runner traces a case's repetitions inside one NVTX range "<case> [<variant>]", each repetition in a
+// nested range "rep" (suites/runner.h); the peers (scripts/peers/ops.py) open the case's range and mark no
+// repetitions. A kernel belongs to a case when the range it is attributed to is that case's range or is
+// nested in it (profiler/attribution.h), or else when another thread of the same process launched it while
+// the case's range was open: autograd launches the backward pass from its own threads, whose launches
+// attribution by thread places in no case.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "profiler/attribution.h"
+#include "profiler/records.h"
+
+namespace fusekit::reports {
+
+struct KernelTime {
+  std::string name;
+  uint64_t total_ns = 0;
+  uint64_t instances = 0;
+};
+
+struct VariantKernels {
+  uint64_t kernel_ns = 0;           // every kernel of the case's range(s), summed
+  uint64_t launches = 0;            // how many kernels ran
+  uint64_t repetitions = 0;         // "rep" ranges inside; 0 where the variant marks none (the peers)
+  std::vector<KernelTime> kernels;  // by total time, largest first (then by name)
+};
+
+// Per (case name, variant) of `cases` whose range "<name> [<variant>]" the trace holds: its kernels. A
+// range that occurs more than once (a run traced twice) adds up.
+std::map<std::pair<std::string, std::string>, VariantKernels> case_kernels(
+    const profiler::Trace& trace, const profiler::Attribution& attribution,
+    const std::set<std::pair<std::string, std::string>>& cases);
+
+}  // namespace fusekit::reports
