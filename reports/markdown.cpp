@@ -425,7 +425,7 @@ std::string gate_table_markdown(const GateResult& result) {
     out += "\n**Kernels that moved most in " + markdown_code(gate.name + " [" + gate.variant + "]") +
            "** (time per traced repetition):\n\n";
     const std::string note = gate_kernel_note(gate);
-    out += note.empty() ? markdown_table(gate_kernel_rows(gate, kGateTopKernels, true), 7) : note + "\n";
+    out += note.empty() ? markdown_table(gate_kernel_rows(gate, kGateTopKernels, true), 6) : note + "\n";
   }
   if (result.kernel_rows_requested) {
     out += "\n<details><summary>Kernels per case (one sample per traced repetition)</summary>\n";
@@ -434,7 +434,7 @@ std::string gate_table_markdown(const GateResult& result) {
              std::to_string(gate.baseline_repetitions) + "/" + std::to_string(gate.candidate_repetitions) +
              " repetitions:\n\n";
       const std::string note = gate_kernel_note(gate);
-      out += note.empty() ? markdown_table(gate_kernel_rows(gate, gate.rows.size(), true), 7) : note + "\n";
+      out += note.empty() ? markdown_table(gate_kernel_rows(gate, gate.rows.size(), true), 6) : note + "\n";
     }
     out += "\n</details>\n";
   }

@@ -140,7 +140,7 @@ std::string gate_table_text(const GateResult& result) {
     out += "\n" + gate.name + " [" + gate.variant + "], " + std::to_string(gate.baseline_repetitions) + "/" +
            std::to_string(gate.candidate_repetitions) + " repetitions:\n";
     const std::string note = gate_kernel_note(gate);
-    out += note.empty() ? aligned_table(gate_kernel_rows(gate, gate.rows.size(), false), 7) : "  " + note + "\n";
+    out += note.empty() ? aligned_table(gate_kernel_rows(gate, gate.rows.size(), false), 6) : "  " + note + "\n";
   }
   return out;
 }
