@@ -387,8 +387,22 @@ int gate(const GateOptions& o) {
   options.min_samples = static_cast<size_t>(o.min_samples);
   OpenedRun baseline = open_run(o.baseline);
   OpenedRun candidate = open_run(o.candidate);
-  const auto result = reports::run_gate(reports::load_case_results(baseline.store, baseline.run),
-                                        reports::load_case_results(candidate.store, candidate.run), options);
+  auto result = reports::run_gate(reports::load_case_results(baseline.store, baseline.run),
+                                  reports::load_case_results(candidate.store, candidate.run), options);
+  // The kernels of each case's repetitions: on request, and for the Markdown's regressed cases.
+  if (o.kernels || (result.any_regression() && !o.markdown_output.empty())) {
+    std::set<reports::CaseKey> keys;
+    for (const reports::GateRow& row : result.rows) keys.emplace(row.name, row.variant);
+    const auto repetition_kernels = [&](const OpenedRun& r) {
+      const profiler::Trace trace = r.store.load_trace(r.run);
+      const auto projection = reports::is_training_step_run(r.store.run(r.run)) ? profiler::RangeProjection::unranged
+                                                                                : profiler::RangeProjection::none;
+      return reports::case_repetition_kernels(trace, profiler::attribute(trace, projection), keys);
+    };
+    result.kernels =
+        reports::gate_kernels(result, repetition_kernels(baseline), repetition_kernels(candidate), options);
+    result.kernel_rows_requested = o.kernels;
+  }
   std::cout << reports::gate_table_text(result);
   if (!o.markdown_output.empty()) write_output(o.markdown_output, reports::gate_table_markdown(result));
   if (result.rows.empty()) throw std::runtime_error("no case is present in both runs; nothing to gate");

@@ -108,6 +108,7 @@ struct GateOptions {
   int min_samples = 5;
   std::string markdown_output;
   bool allow_too_few_samples = false;  // a case with too few samples to test does not fail the gate
+  bool kernels = false;                // also test each case's kernels per traced repetition
 };
 int gate(const GateOptions& o);
 

@@ -175,6 +175,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   gate_cmd->add_flag("--allow-too-few-samples", gate_options.allow_too_few_samples,
                      "Pass even if some cases have too few samples to test (by default that fails)");
+  gate_cmd->add_flag("--kernels", gate_options.kernels,
+                     "Also test each case's kernels, one sample per traced repetition (shown, never failing)");
   gate_cmd->add_option("--markdown", gate_options.markdown_output, "Also write the table as Markdown to this file");
 
   // An unknown first word is an unknown subcommand (CLI11 would say "A subcommand is required").

@@ -40,4 +40,21 @@ std::map<std::pair<std::string, std::string>, VariantKernels> case_kernels(
     const profiler::Trace& trace, const profiler::Attribution& attribution,
     const std::set<std::pair<std::string, std::string>>& cases);
 
+// A case's kernels per traced repetition: the samples of the gate's per-kernel test.
+struct RepetitionKernels {
+  uint64_t repetitions = 0;  // "rep" ranges nested in the case's range(s); 0 where the variant marks none
+  // Per kernel name, one value per repetition (in the order the repetitions started): the summed duration
+  // of that kernel's instances in it, 0 where it did not run in that repetition.
+  std::map<std::string, std::vector<double>> samples_ns;
+};
+
+// Per (case name, variant) of `cases` whose range "<name> [<variant>]" the trace holds. A kernel belongs
+// to the repetition whose "rep" range its attributed range is (or is nested in) below the case's range;
+// a kernel that attribution places in no repetition (launched by another thread of the process, as
+// autograd does) belongs to the repetition of a case that was open in its process when it was launched.
+// Kernels of the case's range outside every repetition are left out.
+std::map<std::pair<std::string, std::string>, RepetitionKernels> case_repetition_kernels(
+    const profiler::Trace& trace, const profiler::Attribution& attribution,
+    const std::set<std::pair<std::string, std::string>>& cases);
+
 }  // namespace fusekit::reports

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 #include <stdexcept>
 #include <utility>
 
@@ -94,13 +95,33 @@ bool GateResult::any_regression() const {
   return std::any_of(rows.begin(), rows.end(), [](const GateRow& r) { return r.verdict == Verdict::regressed; });
 }
 
+SampleTest test_samples(const std::vector<double>& baseline, const std::vector<double>& candidate,
+                        const GateOptions& options) {
+  const size_t min_samples = std::max<size_t>(options.min_samples, 1);
+  SampleTest test;
+  const double base_median = baseline.empty() ? kNaN : profiler::median(baseline);
+  const double cand_median = candidate.empty() ? kNaN : profiler::median(candidate);
+  test.change = base_median == 0 ? (cand_median > 0 ? std::numeric_limits<double>::infinity() : 0)
+                                 : cand_median / base_median - 1;
+  if (baseline.size() < min_samples || candidate.size() < min_samples) {
+    test.p_value = kNaN;
+    test.verdict = Verdict::too_few_samples;
+    return test;
+  }
+  test.p_value = mann_whitney_u(baseline, candidate).p_value;
+  const bool significant = test.p_value < options.alpha;
+  test.verdict = significant && test.change > options.threshold    ? Verdict::regressed
+                 : significant && test.change < -options.threshold ? Verdict::improved
+                                                                   : Verdict::unchanged;
+  return test;
+}
+
 GateResult run_gate(const std::vector<CaseResult>& baseline, const std::vector<CaseResult>& candidate,
                     const GateOptions& options) {
   if (!(options.threshold >= 0)) throw std::invalid_argument("run_gate: threshold must be >= 0");
   if (!(options.alpha > 0 && options.alpha <= 1)) throw std::invalid_argument("run_gate: alpha must be in (0, 1]");
   const auto baseline_index = index_cases(baseline, "baseline");
   const auto candidate_index = index_cases(candidate, "candidate");
-  const size_t min_samples = std::max<size_t>(options.min_samples, 1);
 
   GateResult result;
   for (const CaseResult& base : baseline) {
@@ -118,17 +139,10 @@ GateResult run_gate(const std::vector<CaseResult>& baseline, const std::vector<C
     row.candidate_n = cand.samples_ns.size();
     row.baseline_median_ns = profiler::median(base.samples_ns);
     row.candidate_median_ns = profiler::median(cand.samples_ns);
-    row.change = row.candidate_median_ns / row.baseline_median_ns - 1;
-    if (row.baseline_n < min_samples || row.candidate_n < min_samples) {
-      row.p_value = kNaN;
-      row.verdict = Verdict::too_few_samples;
-    } else {
-      row.p_value = mann_whitney_u(base.samples_ns, cand.samples_ns).p_value;
-      const bool significant = row.p_value < options.alpha;
-      row.verdict = significant && row.change > options.threshold    ? Verdict::regressed
-                    : significant && row.change < -options.threshold ? Verdict::improved
-                                                                     : Verdict::unchanged;
-    }
+    const SampleTest test = test_samples(base.samples_ns, cand.samples_ns, options);
+    row.change = test.change;
+    row.p_value = test.p_value;
+    row.verdict = test.verdict;
     result.rows.push_back(std::move(row));
   }
   for (const CaseResult& cand : candidate) {
@@ -136,6 +150,66 @@ GateResult run_gate(const std::vector<CaseResult>& baseline, const std::vector<C
     if (!baseline_index.count(key)) result.only_in_candidate.push_back(describe(key));
   }
   return result;
+}
+
+std::vector<CaseKernelGate> gate_kernels(const GateResult& result, const std::map<CaseKey, RepetitionKernels>& baseline,
+                                         const std::map<CaseKey, RepetitionKernels>& candidate,
+                                         const GateOptions& options) {
+  const RepetitionKernels none;
+  const auto find = [&](const std::map<CaseKey, RepetitionKernels>& in,
+                        const CaseKey& key) -> const RepetitionKernels& {
+    const auto found = in.find(key);
+    return found == in.end() ? none : found->second;
+  };
+  const auto mean = [](const std::vector<double>& v) {
+    double sum = 0;
+    for (double x : v) sum += x;
+    return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
+  };
+  std::vector<CaseKernelGate> out;
+  for (const GateRow& row : result.rows) {
+    const CaseKey key{row.name, row.variant};
+    const RepetitionKernels& base = find(baseline, key);
+    const RepetitionKernels& cand = find(candidate, key);
+    CaseKernelGate gate;
+    gate.name = row.name;
+    gate.variant = row.variant;
+    gate.baseline_repetitions = base.repetitions;
+    gate.candidate_repetitions = cand.repetitions;
+    if (base.repetitions > 0 && cand.repetitions > 0) {
+      std::set<std::string> names;
+      for (const auto& [name, samples] : base.samples_ns) names.insert(name);
+      for (const auto& [name, samples] : cand.samples_ns) names.insert(name);
+      for (const std::string& name : names) {
+        const auto samples = [&](const RepetitionKernels& k) {
+          const auto found = k.samples_ns.find(name);
+          std::vector<double> v = found == k.samples_ns.end() ? std::vector<double>{} : found->second;
+          v.resize(k.repetitions, 0.0);
+          return v;
+        };
+        const std::vector<double> b = samples(base), c = samples(cand);
+        KernelGateRow k;
+        k.kernel = name;
+        k.baseline_n = b.size();
+        k.candidate_n = c.size();
+        k.baseline_median_ns = profiler::median(b);
+        k.candidate_median_ns = profiler::median(c);
+        k.baseline_mean_ns = mean(b);
+        k.candidate_mean_ns = mean(c);
+        const SampleTest test = test_samples(b, c, options);
+        k.change = test.change;
+        k.p_value = test.p_value;
+        k.verdict = test.verdict;
+        gate.rows.push_back(std::move(k));
+      }
+      std::sort(gate.rows.begin(), gate.rows.end(), [](const KernelGateRow& a, const KernelGateRow& b) {
+        const double ma = std::abs(a.moved_ns()), mb = std::abs(b.moved_ns());
+        return ma != mb ? ma > mb : a.kernel < b.kernel;
+      });
+    }
+    out.push_back(std::move(gate));
+  }
+  return out;
 }
 
 std::string verdict_name(Verdict verdict) {

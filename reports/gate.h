@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "reports/case_kernels.h"
 #include "reports/run_report.h"
 
 namespace fusekit::reports {
@@ -42,16 +43,56 @@ struct GateRow {
   Verdict verdict = Verdict::unchanged;
 };
 
+// One kernel of a case, tested on its per-repetition times (reports/case_kernels.h): one sample per traced
+// repetition. A kernel that ran in only one of the runs takes 0 ns per repetition in the other.
+struct KernelGateRow {
+  std::string kernel;
+  size_t baseline_n = 0, candidate_n = 0;  // repetitions
+  double baseline_median_ns = 0, candidate_median_ns = 0;
+  double baseline_mean_ns = 0, candidate_mean_ns = 0;  // time per repetition: the total over the repetitions
+  double change = 0;   // of the medians: candidate / baseline - 1; +inf for a kernel new in the candidate
+  double p_value = 1;  // NaN for too_few_samples
+  Verdict verdict = Verdict::unchanged;
+  double moved_ns() const { return candidate_mean_ns - baseline_mean_ns; }
+};
+
+// The kernels of one case and variant present in both runs.
+struct CaseKernelGate {
+  std::string name;
+  std::string variant;
+  size_t baseline_repetitions = 0, candidate_repetitions = 0;  // 0: the run marks no "rep" ranges in the case
+  std::vector<KernelGateRow> rows;  // by |moved_ns| largest first (then by name); empty without repetitions
+};
+
 struct GateResult {
   std::vector<GateRow> rows;                  // in the order of the baseline
   std::vector<std::string> only_in_baseline;  // "name [variant]"
   std::vector<std::string> only_in_candidate;
+  // Per row (same order) when the kernels were gated (gate_kernels); empty otherwise.
+  std::vector<CaseKernelGate> kernels;
+  bool kernel_rows_requested = false;  // the writers show every kernel row, not only the regressed cases' top 3
   bool any_regression() const;
 };
 
 // Matches cases by (info.name, info.variant).
 GateResult run_gate(const std::vector<CaseResult>& baseline, const std::vector<CaseResult>& candidate,
                     const GateOptions& options);
+
+// Per case and variant of `result.rows`: each kernel that ran in its traced repetitions in either run, tested
+// with the same U test and threshold rule as the cases (options.min_samples repetitions per side at least,
+// else too_few_samples). Kernel verdicts are diagnostics: any_regression() reads the case rows only.
+std::vector<CaseKernelGate> gate_kernels(const GateResult& result, const std::map<CaseKey, RepetitionKernels>& baseline,
+                                         const std::map<CaseKey, RepetitionKernels>& candidate,
+                                         const GateOptions& options);
+
+// The same rule on two sample sets: verdict, p-value and change of the medians.
+struct SampleTest {
+  double change = 0;
+  double p_value = 1;
+  Verdict verdict = Verdict::unchanged;
+};
+SampleTest test_samples(const std::vector<double>& baseline, const std::vector<double>& candidate,
+                        const GateOptions& options);
 
 std::string verdict_name(Verdict verdict);
 

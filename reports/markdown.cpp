@@ -372,6 +372,33 @@ std::vector<std::vector<std::string>> gate_table_rows(const GateResult& result, 
   return rows;
 }
 
+std::vector<std::vector<std::string>> gate_kernel_rows(const CaseKernelGate& gate, size_t limit, bool markdown) {
+  std::vector<std::vector<std::string>> rows = {{"Baseline (us/rep)", "Candidate (us/rep)", "Moved (us/rep)",
+                                                 "Change (%)", "p-value", "Reps", "Verdict", "Kernel"}};
+  for (size_t i = 0; i < gate.rows.size() && i < limit; ++i) {
+    const KernelGateRow& k = gate.rows[i];
+    std::string verdict = verdict_name(k.verdict);
+    if (markdown && k.verdict == Verdict::regressed) verdict = "**" + verdict + "**";
+    const std::string change = k.baseline_mean_ns == 0    ? "new"
+                               : k.candidate_mean_ns == 0 ? "gone"
+                                                          : format_change(k.change);
+    const double moved = k.moved_ns();
+    rows.push_back({format_microseconds(k.baseline_mean_ns), format_microseconds(k.candidate_mean_ns),
+                    (moved >= 0 ? "+" : "-") + format_microseconds(std::abs(moved)), change, format_p_value(k.p_value),
+                    std::to_string(k.baseline_n) + "/" + std::to_string(k.candidate_n), verdict,
+                    markdown ? markdown_code(k.kernel) : k.kernel});
+  }
+  return rows;
+}
+
+std::string gate_kernel_note(const CaseKernelGate& gate) {
+  if (gate.baseline_repetitions == 0 && gate.candidate_repetitions == 0) return "no rep ranges in either run";
+  if (gate.baseline_repetitions == 0) return "no rep ranges in the baseline";
+  if (gate.candidate_repetitions == 0) return "no rep ranges in the candidate";
+  if (gate.rows.empty()) return "no kernels in the traced repetitions";
+  return "";
+}
+
 std::string gate_verdict_counts(const GateResult& result) {
   std::map<Verdict, size_t> count;
   for (const GateRow& r : result.rows) ++count[r.verdict];
@@ -391,6 +418,26 @@ std::string gate_table_markdown(const GateResult& result) {
   };
   list("Only in baseline", result.only_in_baseline);
   list("Only in candidate", result.only_in_candidate);
+  // The regressed cases' kernels that moved most, then (on request) every case's kernels.
+  for (size_t i = 0; i < result.kernels.size() && i < result.rows.size(); ++i) {
+    if (result.rows[i].verdict != Verdict::regressed) continue;
+    const CaseKernelGate& gate = result.kernels[i];
+    out += "\n**Kernels that moved most in " + markdown_code(gate.name + " [" + gate.variant + "]") +
+           "** (time per traced repetition):\n\n";
+    const std::string note = gate_kernel_note(gate);
+    out += note.empty() ? markdown_table(gate_kernel_rows(gate, kGateTopKernels, true), 6) : note + "\n";
+  }
+  if (result.kernel_rows_requested) {
+    out += "\n<details><summary>Kernels per case (one sample per traced repetition)</summary>\n";
+    for (const CaseKernelGate& gate : result.kernels) {
+      out += "\n" + markdown_code(gate.name + " [" + gate.variant + "]") + ", " +
+             std::to_string(gate.baseline_repetitions) + "/" + std::to_string(gate.candidate_repetitions) +
+             " repetitions:\n\n";
+      const std::string note = gate_kernel_note(gate);
+      out += note.empty() ? markdown_table(gate_kernel_rows(gate, gate.rows.size(), true), 6) : note + "\n";
+    }
+    out += "\n</details>\n";
+  }
   return out;
 }
 

@@ -56,11 +56,18 @@ std::string category_legend(profiler::RangeProjection projection);
 // (field, value) pairs: run, status, times, commit, host, GPU, versions, command line, dropped records, totals.
 std::vector<std::pair<std::string, std::string>> run_metadata(const RunReport& report);
 // The gate's verdicts as gate_table_text's columns (regressions in bold), then a count per verdict and
-// lists of the cases found in one run only.
+// lists of the cases found in one run only; then, for each regressed case, the kGateTopKernels kernels
+// that moved most (where the kernels were gated), and with kernel_rows_requested every case's kernels.
 std::string gate_table_markdown(const GateResult& result);
 // The gate's table as rows of text (the first is the header), shared by the terminal and Markdown
 // writers; `markdown` puts names into code spans and regressions in bold.
 std::vector<std::vector<std::string>> gate_table_rows(const GateResult& result, bool markdown);
+// How many kernels the Markdown lists for each regressed case: those that moved most per repetition.
+inline constexpr size_t kGateTopKernels = 3;
+// A case's kernel rows (the first is the header), at most `limit` of them, in CaseKernelGate's order.
+std::vector<std::vector<std::string>> gate_kernel_rows(const CaseKernelGate& gate, size_t limit, bool markdown);
+// Why a case has no kernel rows ("no rep ranges in the baseline", ...), or "" if it has some.
+std::string gate_kernel_note(const CaseKernelGate& gate);
 // "1 regressed, 2 improved, 3 unchanged, 0 too few samples" and a newline.
 std::string gate_verdict_counts(const GateResult& result);
 

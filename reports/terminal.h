@@ -18,7 +18,8 @@ std::string range_table_text(const std::vector<profiler::RangeStats>& ranges, si
 // Columns: Median (us), Q1, Q3, Samples, Speedup, GB/s, % of copy ceiling, Variant, Case.
 std::string case_table_text(const std::vector<CaseResult>& cases);
 // The gate's verdicts. Columns: Baseline (us), Candidate (us), Change (%), p-value, Samples, Verdict,
-// Variant, Case; then a count per verdict and the cases found in one run only.
+// Variant, Case; then a count per verdict and the cases found in one run only; with kernel_rows_requested,
+// each case's kernel rows under its name.
 std::string gate_table_text(const GateResult& result);
 
 // GPU time of the cases' traced repetitions by kernel category (markdown.h's category_table), then

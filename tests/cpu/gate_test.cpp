@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <random>
+#include <set>
 #include <stdexcept>
 
+#include "profiler/attribution.h"
 #include "profiler/summary.h"
 #include "reports/gate.h"
 #include "reports/markdown.h"
@@ -22,6 +25,65 @@ CaseResult make_case(const std::string& name, const std::string& variant, std::v
   c.median_ns = profiler::median(samples_ns);
   c.samples_ns = std::move(samples_ns);
   return c;
+}
+
+// A hand-made trace of one case's traced repetitions, as the runner records them: a range "<case> [<variant>]"
+// on thread 1 holding `kernels_per_rep.size()` ranges "rep", each launching the given kernels (name,
+// duration) from thread 1; a name starting with '@' is launched from thread 2, which holds no range (as
+// autograd's thread does).
+class TraceBuilder {
+ public:
+  void add_case(const std::string& name, const std::string& variant,
+                const std::vector<std::vector<std::pair<std::string, uint64_t>>>& kernels_per_rep,
+                bool mark_reps = true) {
+    const uint64_t case_start = t_;
+    t_ += 10;
+    for (const auto& rep_kernels : kernels_per_rep) {
+      const uint64_t rep_start = t_;
+      t_ += 10;
+      for (const auto& [kernel, duration] : rep_kernels) {
+        const bool other_thread = kernel[0] == '@';
+        profiler::ApiRecord call;
+        call.start = t_;
+        call.end = t_ + 5;
+        call.process_id = 7;
+        call.thread_id = other_thread ? 2 : 1;
+        call.correlation_id = ++correlation_;
+        call.name = "cudaLaunchKernel";
+        trace.api_calls.push_back(call);
+        profiler::KernelRecord k;
+        k.start = t_ + 5;
+        k.end = t_ + 5 + duration;
+        k.correlation_id = correlation_;
+        k.process_id = 7;
+        k.name = other_thread ? kernel.substr(1) : kernel;
+        trace.kernels.push_back(k);
+        t_ += duration + 10;
+      }
+      if (mark_reps) trace.ranges.push_back(range("rep", rep_start, t_));
+      t_ += 10;
+    }
+    trace.ranges.push_back(range(name + " [" + variant + "]", case_start, t_));
+    t_ += 100;
+  }
+  profiler::Trace trace;
+
+ private:
+  static profiler::RangeRecord range(const std::string& text, uint64_t start, uint64_t end) {
+    profiler::RangeRecord r;
+    r.start = start;
+    r.end = end;
+    r.process_id = 7;
+    r.thread_id = r.end_thread_id = 1;
+    r.text = text;
+    return r;
+  }
+  uint64_t t_ = 1000;
+  uint32_t correlation_ = 0;
+};
+
+std::map<CaseKey, RepetitionKernels> repetition_kernels(const TraceBuilder& b, const std::set<CaseKey>& cases) {
+  return case_repetition_kernels(b.trace, profiler::attribute(b.trace), cases);
 }
 
 // `count` samples of median_ns * (1 + relative_noise * N(0, 1)).
@@ -265,6 +327,135 @@ TEST(Gate, TablesShowEveryRow) {
   EXPECT_NE(markdown.find("| ---: | ---: | ---: | ---: | ---: | --- | --- | --- |\n"), std::string::npos) << markdown;
   EXPECT_NE(markdown.find("| **regressed** | `fused` | `a\\|b` |\n"), std::string::npos) << markdown;
   EXPECT_EQ(verdict_name(Verdict::too_few_samples), "too few samples");
+}
+
+// ---- per kernel
+
+TEST(GateKernels, SamplesArePerRepetitionSumsOfEachKernel) {
+  TraceBuilder b;
+  b.add_case("ln", "fused", {{{"a", 100}, {"a", 50}, {"@bwd", 30}}, {{"a", 110}}, {{"b", 7}}});
+  b.add_case("other", "fused", {{{"a", 999}}});
+  const auto got = repetition_kernels(b, {{"ln", "fused"}, {"other", "fused"}});
+  const RepetitionKernels& ln = got.at({"ln", "fused"});
+  EXPECT_EQ(ln.repetitions, 3u);
+  // Two instances of "a" in the first repetition add up; a kernel missing from a repetition counts 0 there; the
+  // kernel launched from the rangeless thread lands in the repetition open when it was launched.
+  EXPECT_EQ(ln.samples_ns.at("a"), (std::vector<double>{150, 110, 0}));
+  EXPECT_EQ(ln.samples_ns.at("b"), (std::vector<double>{0, 0, 7}));
+  EXPECT_EQ(ln.samples_ns.at("bwd"), (std::vector<double>{30, 0, 0}));
+  EXPECT_EQ(got.at({"other", "fused"}).samples_ns.at("a"), std::vector<double>{999});
+}
+
+// Five repetitions of a case running "slow" and "same"; `slow_ns` per repetition, plus rep * 3 ns of jitter.
+TraceBuilder five_reps(uint64_t slow_ns, size_t reps = 5, const std::string& extra = "") {
+  TraceBuilder b;
+  std::vector<std::vector<std::pair<std::string, uint64_t>>> kernels;
+  for (uint64_t r = 0; r < reps; ++r) {
+    kernels.push_back({{"slow", slow_ns + 3 * r}, {"same", 2000 + 5 * ((r * 7) % 5)}});
+    if (!extra.empty()) kernels.back().push_back({extra, 500 + r});
+  }
+  b.add_case("ln", "fused", kernels);
+  return b;
+}
+
+GateResult case_gate(double baseline_ns, double candidate_ns) {
+  return run_gate(
+      {make_case("ln", "fused", {baseline_ns, baseline_ns + 1, baseline_ns + 2, baseline_ns + 3, baseline_ns + 4})},
+      {make_case("ln", "fused",
+                 {candidate_ns, candidate_ns + 1, candidate_ns + 2, candidate_ns + 3, candidate_ns + 4})},
+      GateOptions{});
+}
+
+TEST(GateKernels, RegressedKernelAndUnchangedOne) {
+  GateResult g = case_gate(4000, 6000);
+  ASSERT_EQ(g.rows[0].verdict, Verdict::regressed);
+  const std::set<CaseKey> keys = {{"ln", "fused"}};
+  g.kernels = gate_kernels(g, repetition_kernels(five_reps(1000), keys),
+                           repetition_kernels(five_reps(3000, 5, "extra"), keys), GateOptions{});
+  ASSERT_EQ(g.kernels.size(), 1u);
+  const CaseKernelGate& k = g.kernels[0];
+  EXPECT_EQ(k.baseline_repetitions, 5u);
+  EXPECT_EQ(k.candidate_repetitions, 5u);
+  ASSERT_EQ(k.rows.size(), 3u);
+  // By how far the time per repetition moved: slow +2000 ns, the new kernel +502, same 0.
+  EXPECT_EQ(k.rows[0].kernel, "slow");
+  EXPECT_EQ(k.rows[0].verdict, Verdict::regressed);
+  EXPECT_NEAR(k.rows[0].p_value, 2.0 / 252, 1e-15);
+  EXPECT_DOUBLE_EQ(k.rows[0].moved_ns(), 2000);
+  EXPECT_NEAR(k.rows[0].change, 1.988, 0.001);
+  EXPECT_EQ(k.rows[1].kernel, "extra");
+  EXPECT_EQ(k.rows[1].verdict, Verdict::regressed);  // new in the candidate: 0 ns per repetition before
+  EXPECT_TRUE(std::isinf(k.rows[1].change));
+  EXPECT_EQ(k.rows[2].kernel, "same");
+  EXPECT_EQ(k.rows[2].verdict, Verdict::unchanged);
+  EXPECT_DOUBLE_EQ(k.rows[2].moved_ns(), 0);
+
+  // The Markdown lists the regressed case's kernels that moved most even without kernel rows requested.
+  const std::string markdown = gate_table_markdown(g);
+  EXPECT_NE(markdown.find("**Kernels that moved most in `ln [fused]`** (time per traced repetition):"),
+            std::string::npos)
+      << markdown;
+  EXPECT_NE(markdown.find("| 1.006 | 3.006 | +2.000 | +198.8 | 0.008 | 5/5 | **regressed** | `slow` |"),
+            std::string::npos)
+      << markdown;
+  EXPECT_NE(markdown.find("| new |"), std::string::npos) << markdown;
+  EXPECT_EQ(markdown.find("<details>"), std::string::npos) << markdown;
+  EXPECT_EQ(gate_table_text(g).find("repetitions:"), std::string::npos);
+  EXPECT_TRUE(g.any_regression());
+
+  g.kernel_rows_requested = true;
+  EXPECT_NE(gate_table_markdown(g).find("<details>"), std::string::npos);
+  const std::string text = gate_table_text(g);
+  EXPECT_NE(text.find("ln [fused], 5/5 repetitions:\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("unchanged  same\n"), std::string::npos) << text;
+}
+
+TEST(GateKernels, TopThreeOnlyAndNothingForUnregressedCases) {
+  TraceBuilder base, cand;
+  std::vector<std::vector<std::pair<std::string, uint64_t>>> b_reps, c_reps;
+  for (uint64_t r = 0; r < 5; ++r) {
+    b_reps.push_back({{"k1", 100 + r}, {"k2", 100 + r}, {"k3", 100 + r}, {"k4", 100 + r}});
+    c_reps.push_back({{"k1", 500 + r}, {"k2", 400 + r}, {"k3", 300 + r}, {"k4", 200 + r}});
+  }
+  base.add_case("ln", "fused", b_reps);
+  cand.add_case("ln", "fused", c_reps);
+  const std::set<CaseKey> keys = {{"ln", "fused"}};
+  GateResult g = case_gate(4000, 6000);
+  g.kernels = gate_kernels(g, repetition_kernels(base, keys), repetition_kernels(cand, keys), GateOptions{});
+  std::string markdown = gate_table_markdown(g);
+  EXPECT_NE(markdown.find("`k3`"), std::string::npos) << markdown;
+  EXPECT_EQ(markdown.find("`k4`"), std::string::npos) << markdown;
+
+  GateResult same = case_gate(4000, 4000);
+  same.kernels = gate_kernels(same, repetition_kernels(base, keys), repetition_kernels(cand, keys), GateOptions{});
+  EXPECT_EQ(gate_table_markdown(same).find("moved most"), std::string::npos);
+}
+
+TEST(GateKernels, TooFewRepetitionsAreNotAPass) {
+  GateResult g = case_gate(4000, 6000);
+  const std::set<CaseKey> keys = {{"ln", "fused"}};
+  g.kernels = gate_kernels(g, repetition_kernels(five_reps(1000, 3), keys),
+                           repetition_kernels(five_reps(3000, 3), keys), GateOptions{});
+  ASSERT_EQ(g.kernels[0].rows.size(), 2u);
+  for (const KernelGateRow& row : g.kernels[0].rows) {
+    EXPECT_EQ(row.verdict, Verdict::too_few_samples) << row.kernel;
+    EXPECT_TRUE(std::isnan(row.p_value));
+    EXPECT_EQ(row.baseline_n, 3u);
+  }
+  g.kernel_rows_requested = true;
+  EXPECT_NE(gate_table_text(g).find("too few samples  slow\n"), std::string::npos) << gate_table_text(g);
+}
+
+TEST(GateKernels, CaseWithoutRepRangesSaysSo) {
+  TraceBuilder unmarked;
+  unmarked.add_case("ln", "fused", {{{"slow", 100}}, {{"slow", 100}}}, false);
+  const std::set<CaseKey> keys = {{"ln", "fused"}};
+  GateResult g = case_gate(4000, 6000);
+  g.kernels =
+      gate_kernels(g, repetition_kernels(unmarked, keys), repetition_kernels(five_reps(3000), keys), GateOptions{});
+  EXPECT_EQ(g.kernels[0].baseline_repetitions, 0u);
+  EXPECT_TRUE(g.kernels[0].rows.empty());
+  EXPECT_NE(gate_table_markdown(g).find("no rep ranges in the baseline\n"), std::string::npos);
 }
 
 }  // namespace
