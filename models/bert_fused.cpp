@@ -358,6 +358,22 @@ void FusedBert::backward(const DeviceBatch& batch, cudaStream_t stream) {
   }
 }
 
+FlatGradients FusedBert::flat_gradients() const {
+  FlatGradients g;
+  g.data = trainer_->gradients();
+  g.dtype = config_.dtype;
+  g.elements = trainer_->flat_elements();
+  for (size_t t = 0; t < trainer_->tensors(); ++t) g.tensors.push_back({trainer_->offset(t), trainer_->size(t)});
+  return g;
+}
+
+void FusedBert::exchange_gradients(cudaStream_t stream) {
+  gradient_divisor_ = 1.f;
+  if (!exchange_) return;
+  ScopedRange range("bert.exchange");
+  gradient_divisor_ = exchange_->exchange(flat_gradients(), stream);
+}
+
 void FusedBert::optimizer_step(cudaStream_t stream) {
   ScopedRange range("bert.optimizer");
   kernels::AdamWOptions o;
@@ -366,7 +382,7 @@ void FusedBert::optimizer_step(cudaStream_t stream) {
   o.beta2 = options_.beta2;
   o.eps = options_.eps;
   o.weight_decay = options_.weight_decay;
-  trainer_->step(o, loss_scale_, stream);
+  trainer_->step(o, loss_scale_ * gradient_divisor_, stream);
 }
 
 float FusedBert::forward_backward(const MlmBatch& batch) {
@@ -388,6 +404,7 @@ float FusedBert::step(const MlmBatch& batch) {
     ScopedRange range("bert.step");
     forward(device, stream_);
     backward(device, stream_);
+    exchange_gradients(stream_);
     optimizer_step(stream_);
   }
   last_stream_ = stream_;
@@ -420,6 +437,7 @@ void FusedBert::enqueue_step(int batch_index, cudaStream_t stream) {
   ScopedRange range("bert.step");
   forward(device, stream);
   backward(device, stream);
+  exchange_gradients(stream);
   optimizer_step(stream);
   last_stream_ = stream;
 }

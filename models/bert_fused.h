@@ -33,6 +33,7 @@
 #include "kernels/linear.h"
 #include "models/bert_model.h"
 #include "models/bert_parameters.h"
+#include "models/gradient_exchange.h"
 #include "models/memory_plan.h"
 
 namespace fusekit::models {
@@ -57,6 +58,13 @@ class FusedBert final : public BertMlmModel {
   std::vector<HostTensor> gradients() override;
   std::vector<HostTensor> parameters() override;
 
+  // Data-parallel training: `exchange` (not owned; nullptr: none) runs inside every step between
+  // the backward and AdamW, in an NVTX range "bert.exchange", on the flat gradients below.
+  void set_gradient_exchange(GradientExchange* exchange) { exchange_ = exchange; }
+  FlatGradients flat_gradients() const;
+  // The learning rate of the steps enqueued from now on (a schedule's).
+  void set_learning_rate(double lr) { options_.lr = lr; }
+
   const MemoryPlan& memory_plan() const { return *plan_; }
   const BertParameterLayout& layout() const { return layout_; }
 
@@ -72,6 +80,7 @@ class FusedBert final : public BertMlmModel {
   DeviceBatch arena_batch() const;
   void forward(const DeviceBatch& batch, cudaStream_t stream);
   void backward(const DeviceBatch& batch, cudaStream_t stream);
+  void exchange_gradients(cudaStream_t stream);
   void optimizer_step(cudaStream_t stream);
   void* buffer(const char* name) const;
   void* buffer(const std::string& name) const { return buffer(name.c_str()); }
@@ -95,6 +104,8 @@ class FusedBert final : public BertMlmModel {
   cudaStream_t stream_ = nullptr;  // step() and forward_backward()
   cudaStream_t last_stream_ = nullptr;
   uint64_t steps_ = 0;  // forward passes so far: selects the dropout masks
+  GradientExchange* exchange_ = nullptr;
+  float gradient_divisor_ = 1.f;  // the last exchange's
 };
 
 }  // namespace fusekit::models

@@ -98,6 +98,20 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    narrow_kernel(const float* __restrict__ in, uint64_t elements, T* __restrict__ out, unsigned long long* nonfinite) {
+  unsigned bad = 0;
+  for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < elements;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    const float x = in[i];
+    bad += isfinite(x) ? 0u : 1u;
+    out[i] = kernels::from_float<T>(x);
+  }
+  for (int offset = kernels::kWarpSize / 2; offset > 0; offset /= 2) bad += __shfl_down_sync(0xffffffffu, bad, offset);
+  if ((threadIdx.x % kernels::kWarpSize) == 0 && bad != 0) atomicAdd(nonfinite, static_cast<unsigned long long>(bad));
+}
+
 // One block per tile of the owner's slice: the 16-bit sums into the stage and back into out (so
 // the owner holds what the others receive), and the tile's count of nonzero words.
 template <class T>
@@ -206,6 +220,17 @@ void widen(const uint16_t* stage, uint64_t begin, uint64_t end, kernels::DType w
   kernels::dispatch_16bit_dtype(wire, "sparse collective", [&](auto tag) {
     using T = typename decltype(tag)::type;
     widen_kernel<T><<<blocks_for(end - begin, kThreads), kThreads, 0, stream>>>(stage, begin, end, out);
+  });
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void narrow(const float* in, uint64_t elements, kernels::DType to, void* out, unsigned long long* nonfinite,
+            cudaStream_t stream) {
+  if (elements == 0) return;
+  kernels::dispatch_dtype(to, "gradient narrowing", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    narrow_kernel<T>
+        <<<blocks_for(elements, kThreads * 8), kThreads, 0, stream>>>(in, elements, static_cast<T*>(out), nonfinite);
   });
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }

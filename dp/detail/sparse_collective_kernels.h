@@ -29,6 +29,11 @@ void scatter(const uint32_t* indices, const uint16_t* values, uint64_t count, ke
 // out[i] = stage[i] for i in [begin, end).
 void widen(const uint16_t* stage, uint64_t begin, uint64_t end, kernels::DType wire, float* out, cudaStream_t stream);
 
+// out[i] = in[i] converted to `to` (fp32, fp16 or bf16; round to nearest even) for i < elements;
+// *nonfinite (device; not zeroed here) += the count of non-finite in[i].
+void narrow(const float* in, uint64_t elements, kernels::DType to, void* out, unsigned long long* nonfinite,
+            cudaStream_t stream);
+
 // Over [begin, end): stage[i] = out[i] rounded to the wire type (-0 as +0), out[i] = stage[i] widened back;
 // *nonzero (device) = the count of nonzero words, tile_offsets (slice_tiles(end - begin) of them)
 // = each tile's first output position for compact_slice. tile_counts is scratch of the same size.

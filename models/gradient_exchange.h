@@ -1,0 +1,40 @@
+// The seam between a training step's backward and its optimizer, for data-parallel training: a
+// model that owns its gradients in one flat buffer hands them, once the backward has written them,
+// to a GradientExchange (dp/ implements it over NCCL), which leaves on the same stream what the
+// optimizer reads. The models layer knows no communicator; the exchange knows no model.
+//
+// The gradients hold loss_scale x the true gradients of this rank's batch. An exchange that sums
+// over P ranks returns P: the optimizer then divides by loss_scale x P, so no extra pass scales the
+// buffer. Padding between tensors (the flat layout's alignment) is not part of any tensor and may
+// hold anything after an exchange.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/dtype.h"
+
+namespace fusekit::models {
+
+struct FlatGradients {
+  void* data = nullptr;  // device
+  kernels::DType dtype = kernels::DType::f16;
+  uint64_t elements = 0;  // the whole flat buffer, padding included
+  struct Span {
+    uint64_t offset = 0;  // elements into the buffer, increasing, not overlapping
+    uint64_t size = 0;
+  };
+  std::vector<Span> tensors;  // the parameters' gradients, in the flat buffer's order
+};
+
+class GradientExchange {
+ public:
+  virtual ~GradientExchange() = default;
+  // Enqueued on `stream` after the backward; returns what the gradients are divided by besides the
+  // loss scale (the number of ranks summed into them; 1 where nothing was exchanged).
+  virtual float exchange(const FlatGradients& gradients, cudaStream_t stream) = 0;
+};
+
+}  // namespace fusekit::models

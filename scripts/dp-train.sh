@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Data-parallel BERT training runs on a GPU machine: builds fusekit-dp, then runs it once per RUN
+# on RANKS GPUs over one transport, one process per GPU (torchrun --no-python, else mpirun), and
+# prints each run's summary. Each run's JSON record lands in $OUT as <transport>-<ranks>-<run>.json.
+#   bash scripts/dp-train.sh RANKS TRANSPORT STEPS RUN...
+#     TRANSPORT  nvlink (NCCL's default: NVLink/P2P and shared memory inside the host) or socket
+#                (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1: the network path, as between hosts)
+#     RUN        dense | sparse:<density>[:<collective>] | auto:<density> | ddp:<hook> (the PyTorch
+#                peer scripts/peers/dp_bert_ddp.py: none, fp16 or powersgd)
+# Environment: OUT (default out/dp-train), FUSEKIT_DP_ARGS (more fusekit-dp options, e.g.
+# "--model bert-tiny --batch 8"), FUSEKIT_DP_TIMEOUT (seconds a run, default 300), BUILD_DIR.
+# Exit code: 0 when every run exited 0.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [ $# -lt 4 ]; then
+  echo "usage: bash scripts/dp-train.sh RANKS nvlink|socket STEPS RUN... (RUN: dense, sparse:0.01, auto:0.01, ddp:powersgd)" >&2
+  exit 2
+fi
+ranks=$1 transport=$2 steps=$3
+shift 3
+OUT="${OUT:-$ROOT/out/dp-train}"
+mkdir -p "$OUT"
+export BUILD_DIR="${BUILD_DIR:-$ROOT/build-device}"
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+timeout_s="${FUSEKIT_DP_TIMEOUT:-300}"
+case "$transport" in
+  nvlink) unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE ;;
+  socket) export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 ;;
+  *) echo "dp-train: transport must be nvlink or socket, not '$transport'" >&2; exit 2 ;;
+esac
+cd "$ROOT" || exit 1
+
+if [ ! -x "$BUILD_DIR/fusekit-dp" ] || [ "${FUSEKIT_DP_REBUILD:-1}" = 1 ]; then
+  start=$SECONDS
+  if ! FUSEKIT_TARGETS="fusekit-dp" bash scripts/setup.sh >"$OUT/build.log" 2>&1 || [ ! -x "$BUILD_DIR/fusekit-dp" ]; then
+    grep -B2 -A12 -E "error|Error" "$OUT/build.log" | head -40
+    echo "dp-train: the build failed or left fusekit-dp out (NCCL not found?); see $OUT/build.log" >&2
+    exit 1
+  fi
+  echo "dp-train: built fusekit-dp in $((SECONDS - start)) s"
+fi
+
+launch=()
+if command -v torchrun >/dev/null; then
+  launch=(torchrun --standalone "--nproc-per-node=$ranks")
+elif python3 -c 'import torch.distributed.run' 2>/dev/null; then
+  launch=(python3 -m torch.distributed.run --standalone "--nproc-per-node=$ranks")
+fi
+
+failed=0
+for spec in "$@"; do
+  IFS=: read -r kind a b <<<"$spec"
+  name="$transport-$ranks-${spec//:/-}"
+  json="$OUT/$name.json"
+  args=(--steps "$steps" --json "$json" --label "$name")
+  case "$kind" in
+    dense) program=("$BUILD_DIR/fusekit-dp" --exchange dense) ;;
+    sparse) program=("$BUILD_DIR/fusekit-dp" --exchange sparse --density "$a" --collective "${b:-balanced}") ;;
+    auto) program=("$BUILD_DIR/fusekit-dp" --exchange auto --density "$a" --collective "${b:-balanced}") ;;
+    ddp) program=(python3 scripts/peers/dp_bert_ddp.py --hook "$a") ;;
+    *) echo "dp-train: unknown run '$spec'" >&2; failed=1; continue ;;
+  esac
+  if [ "$kind" = ddp ]; then
+    [ ${#launch[@]} -gt 0 ] || { echo "dp-train: $spec needs torchrun"; failed=1; continue; }
+    command=("${launch[@]}" "${program[@]}" "${args[@]}")
+  else
+    # shellcheck disable=SC2206
+    extra=(${FUSEKIT_DP_ARGS:-})
+    if [ ${#launch[@]} -gt 0 ]; then
+      command=("${launch[@]}" --no-python "${program[@]}" "${args[@]}" "${extra[@]}")
+    elif command -v mpirun >/dev/null; then
+      command=(mpirun --allow-run-as-root -np "$ranks" -x MASTER_ADDR=127.0.0.1 -x "MASTER_PORT=$((20000 + RANDOM % 20000))"
+        "${program[@]}" "${args[@]}" "${extra[@]}")
+    else
+      echo "dp-train: neither torchrun nor mpirun found"; exit 1
+    fi
+  fi
+  start=$SECONDS
+  timeout --kill-after=20 "$timeout_s" "${command[@]}" >"$OUT/$name.log" 2>&1
+  rc=$?
+  [ $rc = 0 ] || failed=1
+  echo "== $name: rc $rc in $((SECONDS - start)) s"
+  sed -E 's/^\[rank[0-9]+\]://' "$OUT/$name.log" | grep -E 'summary|parameters after|non-finite|error|Error|rank.*fail|auto:' | head -8
+done
+exit $failed
