@@ -53,6 +53,8 @@ struct Options {
   int pool = 32;
   int skip = 10;
   double lr = 1e-4;
+  int lr_warmup = 0;
+  bool echo = false;
   uint64_t seed = 1;
   int print_every = 25;
   std::string json;
@@ -131,6 +133,7 @@ int run(const Options& o) {
   data.sequence = config.sequence;
   data.vocab = config.vocab;
   data.seed = o.seed;
+  data.echo = o.echo;
   std::vector<models::MlmBatch> batches;
   for (int i = 0; i < o.pool; ++i) {
     batches.push_back(models::make_mlm_batch(data, static_cast<uint64_t>(rank) * o.pool + static_cast<uint64_t>(i)));
@@ -159,6 +162,7 @@ int run(const Options& o) {
   uint64_t nonfinite_steps = 0;
   const auto wall_start = std::chrono::steady_clock::now();
   for (int step = 0; step < o.steps; ++step) {
+    if (o.lr_warmup > 0) model.set_learning_rate(o.lr * std::min(1.0, (step + 1.0) / o.lr_warmup));
     FUSEKIT_CUDA_CHECK(cudaEventRecord(begin, stream));
     model.enqueue_step(step % o.pool, stream);
     FUSEKIT_CUDA_CHECK(cudaEventRecord(end, stream));
@@ -254,9 +258,10 @@ int run(const Options& o) {
       f << "{\n  \"label\": \"" << o.label << "\",\n  \"ranks\": " << P << ",\n  \"config\": \"" << config.spec()
         << "\",\n  \"exchange\": \"" << o.exchange << "\",\n  \"collective\": \"" << o.collective
         << "\",\n  \"density\": " << o.density << ",\n  \"warmup_steps\": " << o.warmup_steps
-        << ",\n  \"momentum\": " << o.momentum << ",\n  \"lr\": " << o.lr << ",\n  \"pool\": " << o.pool
-        << ",\n  \"decision\": \"" << exchanger.decision() << "\",\n  \"nccl_p2p_disable\": \""
-        << env_or("NCCL_P2P_DISABLE", "") << "\",\n  \"nccl_shm_disable\": \"" << env_or("NCCL_SHM_DISABLE", "")
+        << ",\n  \"momentum\": " << o.momentum << ",\n  \"lr\": " << o.lr << ",\n  \"lr_warmup\": " << o.lr_warmup
+        << ",\n  \"echo\": " << (o.echo ? "true" : "false") << ",\n  \"pool\": " << o.pool << ",\n  \"decision\": \""
+        << exchanger.decision() << "\",\n  \"nccl_p2p_disable\": \"" << env_or("NCCL_P2P_DISABLE", "")
+        << "\",\n  \"nccl_shm_disable\": \"" << env_or("NCCL_SHM_DISABLE", "")
         << "\",\n  \"gradient_elements\": " << flat.elements << ",\n  \"skip\": " << o.skip;
       std::snprintf(buf, sizeof buf,
                     ",\n  \"summary\": {\"step_ms\": %.4f, \"slowest_rank_step_ms\": %.4f, \"compute_ms\": %.4f, "
@@ -326,6 +331,10 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--lr", o.lr, "AdamW learning rate")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app.add_option("--lr-warmup", o.lr_warmup, "Steps of linear learning-rate warm-up (0: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_flag("--echo", o.echo, "Data whose second segment repeats the first (models/mlm_data.h): learnable");
   app.add_option("--seed", o.seed, "Weights, data and dropout seed")->capture_default_str();
   app.add_option("--print-every", o.print_every, "Rank 0 prints every this many steps (0: never)")
       ->check(CLI::NonNegativeNumber)
