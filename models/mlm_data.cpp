@@ -75,9 +75,14 @@ MlmBatch make_mlm_batch(const MlmDataOptions& o, uint64_t index) {
       ids[a + 1] = kSepToken;
       for (int s = a + 2; s < length; ++s) types[s] = 1;
     }
+    int first_words = 0;  // a, once the middle [SEP] is passed
     for (int s = 1; s < length - 1; ++s) {
-      if (ids[s] == kSepToken) continue;
-      ids[s] = word();
+      if (ids[s] == kSepToken) {
+        first_words = s - 1;
+        continue;
+      }
+      const bool echoed = o.echo && length >= 5 && first_words > 0;
+      ids[s] = echoed ? ids[1 + (s - first_words - 2) % first_words] : word();
       words.push_back(s);
     }
     const int n =
@@ -163,6 +168,7 @@ void write_mlm_batches(const std::string& path, const MlmDataOptions& options, u
                      {"first_word", std::to_string(options.first_word)},
                      {"mask_probability", probability},
                      {"seed", std::to_string(options.seed)},
+                     {"echo", options.echo ? "1" : "0"},
                      {"first_index", std::to_string(first_index)},
                      {"count", std::to_string(count)}});
 }

@@ -15,6 +15,9 @@
 //    first segment, then [CLS] w*a [SEP] w*(L-3-a) [SEP], the first a + 2 positions of token type 0,
 //    the rest (up to L-1) of type 1. If L < 5: [CLS] w*(L-2) [SEP], all type 0. Each word w is
 //    first_word + below(vocab - first_word), drawn in position order.
+//    With echo (off by default), the second segment draws no words: its i-th word repeats the first
+//    segment's (i mod a)-th, so a masked word whose partner is visible can be predicted through
+//    attention (a learnable task for convergence tests; random words alone are not learnable).
 //    Positions L .. sequence-1 are padding: id [PAD] = 0, token type 0, label -100.
 // 3. masking, as BERT's create_pretraining_data: the W word positions (not [CLS], [SEP] or padding)
 //    in position order form a list p; n = max(1, round_half_even(W * mask_probability)) of them are
@@ -50,6 +53,7 @@ struct MlmDataOptions {
   int64_t first_word = 999;  // words are drawn from [first_word, vocab): past [unused*] and the specials
   double mask_probability = 0.15;
   uint64_t seed = 0;
+  bool echo = false;  // the second segment repeats the first (above)
 };
 
 struct MlmBatch {

@@ -33,7 +33,7 @@ class SplitMix64:
 
 
 def make_mlm_batch(batch, sequence, index, seed=0, vocab=30522, min_length=0, max_length=0, first_word=999,
-                   mask_probability=0.15):
+                   mask_probability=0.15, echo=False):
     """Batch `index` of the stream: dict of input_ids, token_type_ids, labels ([batch][sequence]) and lengths."""
     min_length = min_length or max(3, sequence // 2)
     max_length = max_length or sequence
@@ -49,11 +49,15 @@ def make_mlm_batch(batch, sequence, index, seed=0, vocab=30522, min_length=0, ma
             ids[a + 1] = SEP
             for s in range(a + 2, length):
                 types[s] = 1
-        words = []
+        words, first_words = [], 0
         for s in range(1, length - 1):
             if ids[s] == SEP:
+                first_words = s - 1
                 continue
-            ids[s] = word()
+            if echo and length >= 5 and first_words > 0:  # the second segment repeats the first
+                ids[s] = ids[1 + (s - first_words - 2) % first_words]
+            else:
+                ids[s] = word()
             words.append(s)
         n = min(max(1, round(len(words) * mask_probability)), len(words))  # round: ties to even, as C++
         for i in range(n):
@@ -97,6 +101,7 @@ def check(path):
     metadata, batches = read_batches(path)
     options = {key: int(metadata[key]) for key in ("vocab", "min_length", "max_length", "first_word", "seed")}
     options["mask_probability"] = float(metadata["mask_probability"])
+    options["echo"] = metadata.get("echo", "0") == "1"
     bad = 0
     for index, batch in sorted(batches.items()):
         expected = make_mlm_batch(int(metadata["batch"]), int(metadata["sequence"]), index, **options)

@@ -24,6 +24,10 @@ int main(int argc, char** argv) {
     options.min_length = 0;
     options.seed = 1;
     fusekit::models::write_mlm_batches(std::string(argv[1]) + ".512", options, 0, 2);
+    options.sequence = 64;
+    options.batch = 8;
+    options.echo = true;
+    fusekit::models::write_mlm_batches(std::string(argv[1]) + ".echo", options, 5, 3);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mlm_batches_write: %s\n", e.what());
     return 1;

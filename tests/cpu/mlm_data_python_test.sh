@@ -8,3 +8,4 @@ trap 'rm -rf "$dir"' EXIT
 "$2" "$dir/batches.safetensors"
 "$1" "$3" --check "$dir/batches.safetensors"
 "$1" "$3" --check "$dir/batches.safetensors.512"
+"$1" "$3" --check "$dir/batches.safetensors.echo"

@@ -39,6 +39,33 @@ TEST(MlmData, Deterministic) {
   EXPECT_NE(make_mlm_batch(o, 7).input_ids, a.input_ids);
 }
 
+// With echo, the second segment's words (before masking: the labels where masked) repeat the first
+// segment's cyclically. (Echo draws fewer numbers, so only the first sequence's length is shared.)
+TEST(MlmData, EchoRepeatsTheFirstSegment) {
+  MlmDataOptions o;
+  o.batch = 16;
+  o.sequence = 48;
+  o.seed = 77;
+  const MlmBatch plain = make_mlm_batch(o, 3);
+  o.echo = true;
+  const MlmBatch echoed = make_mlm_batch(o, 3);
+  EXPECT_EQ(plain.lengths[0], echoed.lengths[0]);
+  int checked = 0;
+  for (int b = 0; b < o.batch; ++b) {
+    const int L = echoed.lengths[b];
+    if (L < 5) continue;
+    const int64_t* ids = &echoed.input_ids[b * o.sequence];
+    const int64_t* labels = &echoed.labels[b * o.sequence];
+    const auto word = [&](int s) { return labels[s] != kIgnoreLabel ? labels[s] : ids[s]; };
+    int a = 0;
+    while (ids[a + 1] != kSepToken) ++a;
+    ASSERT_GE(a, 1);
+    for (int s = a + 2; s < L - 1; ++s, ++checked) ASSERT_EQ(word(s), word(1 + (s - a - 2) % a)) << b << " " << s;
+  }
+  EXPECT_GT(checked, 100);
+  EXPECT_NE(plain.input_ids, echoed.input_ids);
+}
+
 TEST(MlmData, SequencesAreWellFormed) {
   MlmDataOptions o;
   o.batch = 16;
