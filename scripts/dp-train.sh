@@ -57,7 +57,7 @@ for spec in "$@"; do
     dense) program=("$BUILD_DIR/fusekit-dp" --exchange dense) ;;
     sparse) program=("$BUILD_DIR/fusekit-dp" --exchange sparse --density "$a" --collective "${b:-balanced}") ;;
     auto) program=("$BUILD_DIR/fusekit-dp" --exchange auto --density "$a" --collective "${b:-balanced}") ;;
-    ddp) program=(python3 scripts/peers/dp_bert_ddp.py --hook "$a") ;;
+    ddp) program=(scripts/peers/dp_bert_ddp.py --hook "$a") ;;
     *) echo "dp-train: unknown run '$spec'" >&2; failed=1; continue ;;
   esac
   if [ "$kind" = ddp ]; then
