@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Tables of data-parallel runs: the JSON records of fusekit-dp (cli/dp_train.cpp) and of the PyTorch
+DDP peer (scripts/peers/dp_bert_ddp.py), as scripts/dp-train.sh leaves them, into one Markdown
+report, one CSV and one JSON file holding every record.
+
+    python3 scripts/dp_report.py DIR --md OUT.md --csv OUT.csv --json OUT.json [--title TEXT]
+
+Per transport and rank count, each run is set against the dense fusekit run of the same transport,
+ranks and step count: the step's speedup (dense median step over the run's) and the communication
+reduction (dense communication over the run's, fusekit runs only). Loss curves are compared on the
+runs with the same data (echo or not), learning-rate schedule and step count: the mean loss of the
+last 10 steps against dense's. Nothing is judged here that the records do not hold; a missing
+dense run leaves its ratios empty.
+"""
+import argparse
+import csv
+import glob
+import json
+import os
+import sys
+
+
+def load(directory):
+    records = []
+    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
+        try:
+            with open(path) as f:
+                record = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            sys.exit(f"dp_report: cannot read {path}: {e}")
+        record["_file"] = os.path.basename(path)
+        records.append(record)
+    if not records:
+        sys.exit(f"dp_report: no JSON records in {directory}")
+    return records
+
+
+def transport(record):
+    if record.get("transport"):
+        return record["transport"]
+    return "socket" if record.get("nccl_p2p_disable") == "1" else "nvlink"
+
+
+def name(record):
+    exchange = record.get("exchange", "?")
+    if exchange == "sparse":
+        return f"sparse {record.get('density'):g} {record.get('collective', '')}".strip()
+    if exchange == "auto":
+        return f"auto ({record.get('density'):g})"
+    return exchange
+
+
+def group_key(record):
+    return (transport(record), record.get("ranks"), len(record.get("steps", [])), bool(record.get("echo", False)),
+            record.get("lr_warmup", 0), record.get("lr"))
+
+
+def final_loss(record):
+    losses = [s["loss"] for s in record.get("steps", [])]
+    tail = losses[-10:]
+    return sum(tail) / len(tail) if tail else float("nan")
+
+
+def rows_of(records):
+    # Loss is compared within a group (same transport, ranks, steps, data, schedule); step times
+    # against that group's dense run, else any dense fusekit run of the same transport and ranks.
+    dense, dense_any = {}, {}
+    for r in records:
+        if r.get("exchange") == "dense":
+            dense[group_key(r)] = r
+            dense_any.setdefault((transport(r), r.get("ranks")), r)
+    rows = []
+    for r in records:
+        s = r.get("summary", {})
+        d = dense.get(group_key(r))
+        ds = (d or dense_any.get((transport(r), r.get("ranks")), {})).get("summary", {})
+        step = s.get("step_ms")
+        comm = s.get("communication_ms")
+        row = {
+            "transport": transport(r),
+            "ranks": r.get("ranks"),
+            "steps": len(r.get("steps", [])),
+            "echo": bool(r.get("echo", False)),
+            "lr_warmup": r.get("lr_warmup", 0),
+            "lr": r.get("lr"),
+            "run": name(r),
+            "decision": r.get("decision", ""),
+            "step_ms": step,
+            "slowest_rank_step_ms": s.get("slowest_rank_step_ms"),
+            "compute_ms": s.get("compute_ms"),
+            "selection_ms": s.get("selection_ms"),
+            "communication_ms": comm,
+            "narrow_ms": s.get("narrow_ms"),
+            "mb_sent_per_rank": s["bytes_per_rank_mean"] / 1e6 if "bytes_per_rank_mean" in s else None,
+            "sent_max_over_mean": (s["bytes_per_rank_max"] / s["bytes_per_rank_mean"]
+                                   if s.get("bytes_per_rank_mean") else None),
+            "step_speedup_vs_dense": ds["step_ms"] / step if ds.get("step_ms") and step else None,
+            "communication_reduction_vs_dense": (ds["communication_ms"] / comm
+                                                 if ds.get("communication_ms") and comm else None),
+            "final_loss": final_loss(r),
+            "final_loss_vs_dense_pct": (100.0 * (final_loss(r) / final_loss(d) - 1.0) if d else None),
+            "same_parameters": s.get("same_parameters"),
+            "file": r["_file"],
+        }
+        rows.append(row)
+    rows.sort(key=lambda x: (x["transport"], x["ranks"], x["echo"], x["lr"] or 0, x["steps"], x["run"] != "dense",
+                             x["run"]))
+    return rows
+
+
+def fmt(v, digits=2):
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def markdown(rows, records, title):
+    out = [f"# {title}", ""]
+    out.append("Medians over each run's steps after the first 10 (fusekit-dp's `--skip`); times from CUDA events "
+               "on rank 0's stream; bytes sent per rank as nccl-tests counts bus bytes (dp/sparse_collective.h); "
+               "step speedup and communication reduction are against the dense fusekit run of the same link and "
+               "ranks (the same data and steps where there is one); loss against the dense run of the same link, "
+               "ranks, steps, data and schedule.")
+    out.append("")
+    out.append("| link | ranks | steps | data | run | step ms | compute | selection | comm | narrow | MB sent/rank "
+               "| max/mean sent | step speedup | comm reduction | loss (last 10) | loss vs dense | same params |")
+    out.append("|" + " --- |" * 17)
+    for r in rows:
+        data = ("echo" if r["echo"] else "random") + (f", lr {r['lr']:g}" if r["lr"] else "") + (
+            f", warm-up {r['lr_warmup']}" if r["lr_warmup"] else "")
+        out.append("| " + " | ".join([
+            r["transport"], fmt(r["ranks"]), fmt(r["steps"]), data, r["run"], fmt(r["step_ms"]), fmt(r["compute_ms"]),
+            fmt(r["selection_ms"]), fmt(r["communication_ms"]), fmt(r["narrow_ms"]), fmt(r["mb_sent_per_rank"]),
+            fmt(r["sent_max_over_mean"], 3),
+            (fmt(r["step_speedup_vs_dense"]) + "x") if r["step_speedup_vs_dense"] else "",
+            (fmt(r["communication_reduction_vs_dense"], 1) + "x") if r["communication_reduction_vs_dense"] else "",
+            fmt(r["final_loss"], 4),
+            (f"{r['final_loss_vs_dense_pct']:+.2f}%" if r["final_loss_vs_dense_pct"] is not None else ""),
+            fmt(r["same_parameters"]),
+        ]) + " |")
+    decisions = sorted({r["decision"] for r in rows if r["decision"].startswith("auto")})
+    if decisions:
+        out += ["", "What `--exchange auto` chose:", ""]
+        out += [f"- {d}" for d in decisions]
+    curves = [r for r in records if len(r.get("steps", [])) >= 100]
+    if curves:
+        out += ["", "Loss, mean over ranks and over 10-step windows:", ""]
+        windows = [0, 50, 100, 150, 200, 250, 290]
+        out.append("| link | ranks | data | run | " + " | ".join(f"steps {w}-{w + 9}" for w in windows) + " |")
+        out.append("|" + " --- |" * (4 + len(windows)))
+        for r in sorted(curves, key=lambda x: (transport(x), x.get("ranks"), bool(x.get("echo")), x.get("lr") or 0,
+                                               name(x))):
+            losses = [s["loss"] for s in r["steps"]]
+            cells = []
+            for w in windows:
+                part = losses[w:w + 10]
+                cells.append(f"{sum(part) / len(part):.3f}" if len(part) == 10 else "")
+            data = ("echo" if r.get("echo") else "random") + (f", lr {r['lr']:g}" if r.get("lr") else "")
+            out.append(f"| {transport(r)} | {r.get('ranks')} | {data} | {name(r)} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory")
+    parser.add_argument("--md", required=True)
+    parser.add_argument("--csv", required=True)
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--title", default="Data-parallel BERT training")
+    args = parser.parse_args()
+    records = load(args.directory)
+    rows = rows_of(records)
+    with open(args.md, "w") as f:
+        f.write(markdown(rows, records, args.title))
+    with open(args.csv, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(args.json, "w") as f:
+        json.dump([{k: v for k, v in r.items() if k != "_file"} | {"file": r["_file"]} for r in records], f,
+                  separators=(",", ":"))
+        f.write("\n")
+    print(f"dp_report: {len(records)} records -> {args.md}, {args.csv}, {args.json}")
+
+
+if __name__ == "__main__":
+    main()
