@@ -89,6 +89,8 @@ class GradientExchanger final : public models::GradientExchange {
   // auto: empty until the probe steps are over, then one line; dense or sparse: the mode.
   const std::string& decision() const { return decision_; }
   bool sparse_now() const;
+  // The error-feedback residual (device, fp32, the flat buffer's length); nullptr for dense.
+  const float* residual() const { return feedback_ ? feedback_->residual() : nullptr; }
 
  private:
   void run_sparse(const void* source, void* target, double density, cudaStream_t stream);

@@ -40,6 +40,7 @@
 
 #include "dp/communicator.h"
 #include "dp/error_feedback.h"
+#include "dp/gradient_exchanger.h"
 #include "dp/nccl_check.h"
 #include "dp/sparse_collective.h"
 #include "dp/sparse_encoding.h"  // float_to_wire, wire_to_float
@@ -551,6 +552,105 @@ TEST(DpCollectiveEdges, EmptyAndLopsidedSelections) {
   EXPECT_EQ(o.lopsided.dense_slices, ranks);  // every slice full: dense
   EXPECT_EQ(o.empty_allgather, std::vector<float>(elements, 0.f));
   EXPECT_EQ(o.empty_balanced, std::vector<float>(elements, 0.f));
+}
+
+// The gradient exchanger of a model's flat fp16 gradients (three tensors with padding between
+// them): dense sums every rank's gradients; sparse at density 1 gives the same sum rounded once;
+// sparse at 5% keeps, element by element, exchanged sum + every rank's residual == the sum of the
+// gradients, to the one fp16 rounding of the exchanged value. Every rank knows every rank's
+// gradients (each is drawn from its rank's seed), so the reference is computed on the host.
+TEST(DpGradientExchanger, DenseAndSparseSumTheRanksGradients) {
+  FUSEKIT_REQUIRE_GPU();
+  Communicator& c = communicator();
+  const int ranks = c.size(), me = c.rank();
+  models::FlatGradients layout;
+  layout.dtype = kernels::DType::f16;
+  layout.tensors = {{0, 70001}, {70008, 3}, {70016, 129999}};
+  layout.elements = 200016;
+  const auto gradients_of = [&](int rank) {
+    std::mt19937_64 random(1000 + static_cast<uint64_t>(rank));
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<uint16_t> g(layout.elements, 0);
+    for (const auto& t : layout.tensors) {
+      for (uint64_t i = t.offset; i < t.offset + t.size; ++i) g[i] = float_to_wire(normal(random), WireValue::f16);
+    }
+    return g;
+  };
+  std::vector<double> expected(layout.elements, 0.0), magnitude(layout.elements, 0.0);
+  for (int r = 0; r < ranks; ++r) {
+    const std::vector<uint16_t> g = gradients_of(r);
+    for (uint64_t i = 0; i < layout.elements; ++i) {
+      expected[i] += wire_to_float(g[i], WireValue::f16);
+      magnitude[i] += std::fabs(wire_to_float(g[i], WireValue::f16));
+    }
+  }
+  const std::vector<uint16_t> mine = gradients_of(me);
+  DeviceArray<uint16_t> buffer(layout.elements);
+  DeviceArray<float> residuals(layout.elements);
+  const auto run = [&](const ExchangerOptions& options, std::vector<float>* residual_sum) {
+    return collectively("gradient exchanger", [&] {
+      GradientExchanger exchanger(c, layout, options);
+      buffer.upload(mine);
+      models::FlatGradients g = layout;
+      g.data = buffer.get();
+      const float divisor = exchanger.exchange(g, c.stream());
+      EXPECT_EQ(divisor, static_cast<float>(ranks));
+      FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(c.stream()));
+      EXPECT_EQ(exchanger.last().nonfinite, 0u);
+      if (residual_sum) {
+        FUSEKIT_CUDA_CHECK(cudaMemcpy(residuals.get(), exchanger.residual(), layout.elements * sizeof(float),
+                                      cudaMemcpyDeviceToDevice));
+        FUSEKIT_NCCL_CHECK(
+            ncclAllReduce(residuals.get(), residuals.get(), layout.elements, ncclFloat, ncclSum, c.comm(), c.stream()));
+        FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(c.stream()));
+        *residual_sum = residuals.download(layout.elements);
+      }
+      std::vector<float> out;
+      for (uint16_t bits : buffer.download(layout.elements)) out.push_back(wire_to_float(bits, WireValue::f16));
+      return out;
+    });
+  };
+  const auto in_tensor = [&](uint64_t i) {
+    for (const auto& t : layout.tensors) {
+      if (i >= t.offset && i < t.offset + t.size) return true;
+    }
+    return false;
+  };
+  // fp16's rounding of a value of magnitude x: half a unit in the last place, at least the subnormal step.
+  const auto half_ulp = [](double x) { return std::max(std::ldexp(std::fabs(x), -11), std::ldexp(1.0, -25)); };
+
+  ExchangerOptions dense;
+  dense.mode = ExchangeMode::dense;
+  const std::vector<float> summed = run(dense, nullptr);
+  ExchangerOptions all;
+  all.mode = ExchangeMode::sparse;
+  all.density = 1.0;
+  const std::vector<float> sparse_all = run(all, nullptr);
+  ExchangerOptions some = all;
+  some.density = 0.05;
+  std::vector<float> residual_sum;
+  const std::vector<float> sparse_some = run(some, &residual_sum);
+
+  size_t dense_bad = 0, all_bad = 0, some_bad = 0, sent = 0;
+  for (uint64_t i = 0; i < layout.elements; ++i) {
+    if (!in_tensor(i)) {
+      all_bad += sparse_all[i] != 0.f;  // padding: nobody sends it
+      continue;
+    }
+    // NCCL adds in fp16 in an order of its own: one rounding per addition, of partial sums no larger
+    // than the sum of magnitudes. The sparse sums are fp32 (exact but for 2^-24 relative), rounded once.
+    dense_bad += std::fabs(summed[i] - expected[i]) > ranks * half_ulp(magnitude[i]);
+    all_bad += std::fabs(sparse_all[i] - expected[i]) > half_ulp(expected[i]) + 1e-6 * magnitude[i];
+    some_bad += std::fabs(sparse_some[i] + residual_sum[i] - expected[i]) >
+                half_ulp(sparse_some[i]) + 1e-6 * (magnitude[i] + 1.0);
+    sent += sparse_some[i] != 0.f;
+  }
+  EXPECT_EQ(dense_bad, 0u);
+  EXPECT_EQ(all_bad, 0u);
+  EXPECT_EQ(some_bad, 0u);
+  // Each rank sends about 5% of each tensor; the union of the ranks' selections is what arrives.
+  EXPECT_GE(sent, static_cast<size_t>(0.8 * 0.05 * 200003));
+  EXPECT_LE(sent, static_cast<size_t>(1.25 * 0.05 * 200003 * ranks) + 3 * ranks);
 }
 
 }  // namespace
