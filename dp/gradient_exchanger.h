@@ -89,8 +89,10 @@ class GradientExchanger final : public models::GradientExchange {
   // auto: empty until the probe steps are over, then one line; dense or sparse: the mode.
   const std::string& decision() const { return decision_; }
   bool sparse_now() const;
-  // The error-feedback residual (device, fp32, the flat buffer's length); nullptr for dense.
+  // The error-feedback residual (device, fp32, residual_elements() long: up to the end of the last
+  // tensor, so the flat buffer's padding after it has none); nullptr and 0 for dense.
   const float* residual() const { return feedback_ ? feedback_->residual() : nullptr; }
+  uint64_t residual_elements() const { return feedback_ ? feedback_->elements() : 0; }
 
  private:
   void run_sparse(const void* source, void* target, double density, cudaStream_t stream);

@@ -598,8 +598,11 @@ TEST(DpGradientExchanger, DenseAndSparseSumTheRanksGradients) {
       FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(c.stream()));
       EXPECT_EQ(exchanger.last().nonfinite, 0u);
       if (residual_sum) {
-        FUSEKIT_CUDA_CHECK(cudaMemcpy(residuals.get(), exchanger.residual(), layout.elements * sizeof(float),
-                                      cudaMemcpyDeviceToDevice));
+        // The residual ends with the last tensor; the flat buffer's padding after it has none.
+        EXPECT_EQ(exchanger.residual_elements(), 200015u);
+        FUSEKIT_CUDA_CHECK(cudaMemset(residuals.get(), 0, layout.elements * sizeof(float)));
+        FUSEKIT_CUDA_CHECK(cudaMemcpy(residuals.get(), exchanger.residual(),
+                                      exchanger.residual_elements() * sizeof(float), cudaMemcpyDeviceToDevice));
         FUSEKIT_NCCL_CHECK(
             ncclAllReduce(residuals.get(), residuals.get(), layout.elements, ncclFloat, ncclSum, c.comm(), c.stream()));
         FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(c.stream()));
@@ -625,13 +628,16 @@ TEST(DpGradientExchanger, DenseAndSparseSumTheRanksGradients) {
   ExchangerOptions all;
   all.mode = ExchangeMode::sparse;
   all.density = 1.0;
-  const std::vector<float> sparse_all = run(all, nullptr);
+  // Density 1 selects at least 80% of each tensor (dp/topk_selection.h's tolerance), the rest
+  // stays in the residual: what arrives plus the ranks' residuals is the sum.
+  std::vector<float> residual_all;
+  const std::vector<float> sparse_all = run(all, &residual_all);
   ExchangerOptions some = all;
   some.density = 0.05;
   std::vector<float> residual_sum;
   const std::vector<float> sparse_some = run(some, &residual_sum);
 
-  size_t dense_bad = 0, all_bad = 0, some_bad = 0, sent = 0;
+  size_t dense_bad = 0, all_bad = 0, some_bad = 0, sent = 0, all_sent = 0;
   for (uint64_t i = 0; i < layout.elements; ++i) {
     if (!in_tensor(i)) {
       all_bad += sparse_all[i] != 0.f;  // padding: nobody sends it
@@ -640,7 +646,9 @@ TEST(DpGradientExchanger, DenseAndSparseSumTheRanksGradients) {
     // NCCL adds in fp16 in an order of its own: one rounding per addition, of partial sums no larger
     // than the sum of magnitudes. The sparse sums are fp32 (exact but for 2^-24 relative), rounded once.
     dense_bad += std::fabs(summed[i] - expected[i]) > ranks * half_ulp(magnitude[i]);
-    all_bad += std::fabs(sparse_all[i] - expected[i]) > half_ulp(expected[i]) + 1e-6 * magnitude[i];
+    all_bad += std::fabs(sparse_all[i] + residual_all[i] - expected[i]) >
+               half_ulp(sparse_all[i]) + 1e-6 * (magnitude[i] + 1.0);
+    all_sent += sparse_all[i] != 0.f;
     some_bad += std::fabs(sparse_some[i] + residual_sum[i] - expected[i]) >
                 half_ulp(sparse_some[i]) + 1e-6 * (magnitude[i] + 1.0);
     sent += sparse_some[i] != 0.f;
@@ -648,6 +656,7 @@ TEST(DpGradientExchanger, DenseAndSparseSumTheRanksGradients) {
   EXPECT_EQ(dense_bad, 0u);
   EXPECT_EQ(all_bad, 0u);
   EXPECT_EQ(some_bad, 0u);
+  EXPECT_GE(all_sent, static_cast<size_t>(0.8 * 200003));
   // Each rank sends about 5% of each tensor; the union of the ranks' selections is what arrives.
   EXPECT_GE(sent, static_cast<size_t>(0.8 * 0.05 * 200003));
   EXPECT_LE(sent, static_cast<size_t>(1.25 * 0.05 * 200003 * ranks) + 3 * ranks);
