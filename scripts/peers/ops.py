@@ -134,13 +134,13 @@ def main() -> int:
     try:
         for i, listed_case in enumerate(listed):
             case = modules[listed_case.op].make_case(listed_case)
-            for variant in args.variants.split(","):
-                if variant == "eager":
+            for variant in args.variants.split(",") + list(case.extra_variants):
+                if not variant.endswith("compile"):
                     fn = case.function
                 else:
                     torch._dynamo.reset()  # only this case's graphs in the cache, so only their guards run
                     fn = torch.compile(case.function, dynamic=False)
-                step = case.make_step(fn)
+                step = case.make_step(fn, variant) if case.extra_variants else case.make_step(fn)
                 label = f"{case.name} [peer:{variant}]"
                 print(f"[{i + 1}/{len(listed)}] {label}", file=sys.stderr, flush=True)
                 with torch.enable_grad() if case.backward else torch.no_grad():

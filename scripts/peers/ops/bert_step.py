@@ -38,11 +38,18 @@ compile: torch.compile (the driver's: default mode, dynamic=False) of the functi
          warm-up, before any timed sample) compiles the forward and the backward. Should Dynamo
          compile anything after that first step, a line on stderr says so when the variant ends.
 
+fusekit, fusekit-compile: the same model after fusekit.torch.patch (python/fusekit: embeddings, the QKV
+         projection + fused attention, bias + dropout + residual + LayerNorm, bias + GELU, the head's
+         transform and the loss as fusekit ops; the GEMMs stay PyTorch's), eager and under torch.compile as
+         above (fusekit's ops are opaque to Inductor). Run where fusekit.torch imports (the operator
+         library built, PYTHONPATH holding python/); otherwise a line on stderr says why they are skipped.
+
 Each variant starts afresh from the same seeded weights and a new optimizer; the previous variant's
 model is freed first. flops come from fusekit's listing (the fused step's count: the head on the
 masked rows only; this peer computes every row of the head, like the libtorch baseline).
 """
 import gc
+import os
 import sys
 
 import torch
@@ -96,6 +103,26 @@ def device_batches(batch: int, sequence: int):
     return out
 
 
+_fusekit_torch = []
+
+
+def fusekit_torch():
+    """fusekit.torch (python/ of this checkout), or None where it does not import (the reason on
+    stderr, once)."""
+    if _fusekit_torch:
+        return _fusekit_torch[0]
+    python = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "python")
+    if os.path.isdir(python) and python not in sys.path:
+        sys.path.insert(0, os.path.normpath(python))
+    try:
+        import fusekit.torch
+        _fusekit_torch.append(fusekit.torch)
+    except ImportError as e:
+        print(f"bert_step: the fusekit variants are skipped: {e}", file=sys.stderr)
+        _fusekit_torch.append(None)
+    return _fusekit_torch[0]
+
+
 def make_model(preset: str):
     try:
         from transformers import BertConfig, BertForMaskedLM
@@ -144,8 +171,8 @@ def make_case(case):
             return model(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
                          labels=labels).loss
 
-    def make_step(fn):
-        variant = "eager" if fn is function else "compile"
+    def make_step(fn, variant=None):
+        variant = variant or ("eager" if fn is function else "compile")
         # One variant's model at a time: the previous variant's step reaches its model only through
         # `state`, so clearing it frees the model, its gradients and the optimizer's state.
         report_recompiles()
@@ -158,6 +185,9 @@ def make_case(case):
         model = make_model(preset)
         attention = getattr(model.config, "_attn_implementation", None)
         print(f"bert_step: {case.name} [peer:{variant}]: attention implementation {attention}", file=sys.stderr)
+        if variant.startswith("fusekit"):
+            report = fusekit_torch().patch(model)
+            print(f"bert_step: {case.name} [peer:{variant}]: fusekit.torch.patch:\n{report}", file=sys.stderr)
         optimizer = make_optimizer(model)
         scaler = torch.amp.GradScaler("cuda", init_scale=FP16_LOSS_SCALE) if amp_dtype == torch.float16 else None
         state.update(model=model, optimizer=optimizer, scaler=scaler, steps=0, graphs=None, variant=variant)
@@ -188,17 +218,17 @@ def make_case(case):
                 nvtx.range_pop()
             nvtx.range_pop()
             run["steps"] += 1
-            if run["steps"] == 1 and run["variant"] == "compile":
+            if run["steps"] == 1 and run["variant"].endswith("compile"):
                 run["graphs"] = graphs_compiled()  # forward and backward compiled by now
 
         return step
 
     def report_recompiles():
         """A line on stderr if Dynamo compiled anything after the compile variant's first step."""
-        if state.get("variant") == "compile" and state.get("graphs") is not None:
+        if state.get("variant", "").endswith("compile") and state.get("graphs") is not None:
             more = graphs_compiled() - state["graphs"]
             if more > 0:
-                print(f"bert_step: {case.name} [peer:compile]: Dynamo compiled {more} graph(s) after the first "
+                print(f"bert_step: {case.name} [peer:{state['variant']}]: Dynamo compiled {more} graph(s) after the first "
                       f"step (recompiles): its samples may include compilation", file=sys.stderr)
 
     def release():
@@ -214,4 +244,6 @@ def make_case(case):
         torch.cuda.synchronize()
         return {"peak_memory_bytes": torch.cuda.max_memory_reserved()}
 
-    return PeerCase(case.name, BATCHES, make_step, function, False, release=release, metrics=metrics)
+    extra = ("fusekit", "fusekit-compile") if fusekit_torch() is not None else ()
+    return PeerCase(case.name, BATCHES, make_step, function, False, release=release, metrics=metrics,
+                    extra_variants=extra)

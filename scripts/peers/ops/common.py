@@ -19,6 +19,9 @@ class PeerCase:
     # After a variant's timed samples: numbers stored with its result (suites/peers.h "metrics"),
     # e.g. {"peak_memory_bytes": ...}.
     metrics: Optional[Callable] = None
+    # Variants of this case beyond --variants' (e.g. "fusekit", "fusekit-compile": the model patched
+    # by fusekit.torch, eager and compiled); a case that has any takes make_step(fn, variant).
+    extra_variants: tuple = ()
 
 
 def rotation_sets(bytes_per_set: int) -> int:

@@ -1,0 +1,144 @@
+"""Which modules of a model fusekit replaces, and why it leaves the others alone.
+
+Plain Python over the modules' class names and attributes (no PyTorch import), so the rules are
+tested on the CPU with stand-in modules. fusekit.torch.patch applies the decisions.
+
+A module is fused only where the fused version computes the same function; otherwise it is kept
+with a reason. Conditions that only a call can tell (float32 inputs, a mask that is not key
+padding, cached keys and values, an attention map requested) make a fused module run the
+original forward for that call instead (see fusekit/torch/bert.py).
+"""
+
+from collections import namedtuple
+
+Decision = namedtuple("Decision", "path kind fused reason")
+
+# head_dim values that kernels/bert_attention.h supports.
+ATTENTION_HEAD_DIMS = (32, 64, 128)
+
+# Activation modules of Hugging Face (transformers.activations) by class name -> the GELU form
+# of kernels/bias_gelu.h: "none" is the exact (erf) GELU, "tanh" its tanh approximation.
+GELU_FORMS = {
+    "GELUActivation": "none",
+    "GELU": "none",
+    "NewGELUActivation": "tanh",
+    "GELUTanh": "tanh",
+    "PytorchGELUTanh": "tanh",
+}
+
+
+def gelu_form(activation):
+    """The bias_gelu form of an activation module, or None. A GELUActivation that runs its own
+    Python formula (use_gelu_python) computes the same erf GELU."""
+    name = type(activation).__name__
+    if name == "GELU":
+        return "tanh" if getattr(activation, "approximate", "none") == "tanh" else "none"
+    return GELU_FORMS.get(name)
+
+
+def _affine_layer_norm(norm):
+    return (norm is not None and getattr(norm, "weight", None) is not None
+            and getattr(norm, "bias", None) is not None and len(getattr(norm, "normalized_shape", (0, 0))) == 1)
+
+
+def _absolute_positions(module):
+    config = getattr(module, "config", None)
+    kind = getattr(module, "position_embedding_type", None) or getattr(config, "position_embedding_type", None)
+    return kind in (None, "absolute")
+
+
+def _linear_with_bias(linear):
+    return linear is not None and getattr(linear, "bias", None) is not None
+
+
+def _embeddings(m):
+    if not _absolute_positions(m):
+        return False, "relative position embeddings (fused: absolute only)"
+    if not _affine_layer_norm(getattr(m, "LayerNorm", None)):
+        return False, "LayerNorm without weight and bias"
+    if any(getattr(m, name, None) is None for name in ("word_embeddings", "position_embeddings",
+                                                       "token_type_embeddings")):
+        return False, "missing one of the word, position and token-type tables"
+    return True, "embedding_layernorm (three lookups + LayerNorm + dropout)"
+
+
+def _self_attention(m):
+    head_dim = getattr(m, "attention_head_size", None)
+    if head_dim not in ATTENTION_HEAD_DIMS:
+        return False, f"head_dim {head_dim} (fused: {', '.join(map(str, ATTENTION_HEAD_DIMS))})"
+    if getattr(m, "is_decoder", False) or getattr(m, "is_causal", False):
+        return False, "decoder (causal) attention (fused: bidirectional with key padding)"
+    if not _absolute_positions(m):
+        return False, "relative position scores (fused: absolute positions only)"
+    if not all(_linear_with_bias(getattr(m, name, None)) for name in ("query", "key", "value")):
+        return False, "query, key or value without bias"
+    return True, "one QKV GEMM + bert_attention (padding mask, dropout)"
+
+
+def _sublayer_output(m):
+    if not _linear_with_bias(getattr(m, "dense", None)):
+        return False, "dense without bias"
+    if not _affine_layer_norm(getattr(m, "LayerNorm", None)):
+        return False, "LayerNorm without weight and bias"
+    return True, "GEMM + bias_dropout_residual_layernorm"
+
+
+def _intermediate(m):
+    form = gelu_form(getattr(m, "intermediate_act_fn", None))
+    if form is None:
+        return False, f"activation {type(getattr(m, 'intermediate_act_fn', None)).__name__} (fused: GELU)"
+    if not _linear_with_bias(getattr(m, "dense", None)):
+        return False, "dense without bias"
+    return True, f"GEMM + bias_gelu ({form})"
+
+
+def _head_transform(m):
+    form = gelu_form(getattr(m, "transform_act_fn", None))
+    if form is None:
+        return False, f"activation {type(getattr(m, 'transform_act_fn', None)).__name__} (fused: GELU)"
+    if not _linear_with_bias(getattr(m, "dense", None)) or not _affine_layer_norm(getattr(m, "LayerNorm", None)):
+        return False, "dense without bias or LayerNorm without weight and bias"
+    return True, f"GEMM + bias_gelu ({form}) + layernorm"
+
+
+def _masked_lm(m):
+    return True, "cross_entropy on the logits' own dtype (no float32 copy)"
+
+
+RULES = {
+    "BertEmbeddings": _embeddings,
+    "BertSelfAttention": _self_attention,
+    "BertSelfOutput": _sublayer_output,
+    "BertOutput": _sublayer_output,
+    "BertIntermediate": _intermediate,
+    "BertPredictionHeadTransform": _head_transform,
+    "BertForMaskedLM": _masked_lm,
+}
+
+# Modules fusekit knows and never replaces (reported so that the report is complete).
+KEPT = {
+    "BertCrossAttention": "cross-attention (fused: self-attention only)",
+}
+
+
+def decide(path, module):
+    """The decision for one module, or None for a module fusekit has no rule for."""
+    kind = type(module).__name__
+    if kind in RULES:
+        fused, reason = RULES[kind](module)
+        return Decision(path, kind, fused, reason)
+    if kind in KEPT:
+        return Decision(path, kind, False, KEPT[kind])
+    return None
+
+
+def summarize(decisions):
+    """One line per (kind, fused, reason), with how many modules share it."""
+    counts = {}
+    for d in decisions:
+        key = (d.kind, d.fused, d.reason)
+        counts[key] = counts.get(key, 0) + 1
+    lines = []
+    for (kind, fused, reason), n in counts.items():
+        lines.append(f"{'fused' if fused else 'kept '} {n:3d} x {kind}: {reason}")
+    return "\n".join(lines)

@@ -1,0 +1,283 @@
+"""fusekit's operators as PyTorch functions with autograd.
+
+Loads the operator library (torch_ops/, see fusekit.library), registers for each forward op a fake
+implementation (shapes only, for torch.compile and meta tensors) and an autograd formula that calls
+the op's backward, and offers the functions users call. No kernels here: every computation is one
+of the library's CUDA ops.
+
+Dropout: each call with p > 0 draws its Philox (seed, offset) from PyTorch's CPU generator, so
+torch.manual_seed makes runs reproducible; the backward regenerates the same mask from them.
+"""
+
+import torch
+
+from fusekit.library import find_library, missing
+
+_path = find_library()
+if _path is None:
+    raise ImportError("fusekit.ops: " + "; ".join(missing()))
+torch.ops.load_library(_path)
+
+_ops = torch.ops.fusekit
+_float = torch.float32
+
+
+def philox(p):
+    """The (seed, offset) of one dropout call: drawn from PyTorch's generator when p > 0."""
+    if p > 0:
+        return torch.randint(0, 2**62, (2,), dtype=torch.int64)
+    return torch.zeros(2, dtype=torch.int64)
+
+
+def _rows(x):
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
+# ---- fake implementations: shapes and dtypes only
+
+
+@torch.library.register_fake("fusekit::layernorm")
+def _(x, gamma, beta, eps):
+    rows = _rows(x)
+    return torch.empty_like(x), x.new_empty((rows,), dtype=_float), x.new_empty((rows,), dtype=_float)
+
+
+@torch.library.register_fake("fusekit::layernorm_backward")
+def _(dy, x, gamma, mean, rstd):
+    return torch.empty_like(x), torch.empty_like(gamma), torch.empty_like(gamma)
+
+
+@torch.library.register_fake("fusekit::bias_gelu")
+def _(x, bias, approximate):
+    return torch.empty_like(x)
+
+
+@torch.library.register_fake("fusekit::bias_gelu_backward")
+def _(dy, x, bias, approximate):
+    return torch.empty_like(x), torch.empty_like(bias)
+
+
+@torch.library.register_fake("fusekit::bias_dropout_residual_layernorm")
+def _(x, bias, residual, gamma, beta, p, philox, eps):
+    rows = _rows(x)
+    return torch.empty_like(x), x.new_empty((rows,), dtype=_float), x.new_empty((rows,), dtype=_float)
+
+
+@torch.library.register_fake("fusekit::bias_dropout_residual_layernorm_backward")
+def _(dy, x, bias, residual, gamma, mean, rstd, p, philox):
+    return (torch.empty_like(x), torch.empty_like(x), torch.empty_like(bias), torch.empty_like(gamma),
+            torch.empty_like(gamma))
+
+
+@torch.library.register_fake("fusekit::embedding_layernorm")
+def _(word_ids, position_ids, token_type_ids, word, position, token_type, gamma, beta, p, philox, eps, padding_idx):
+    tokens = word_ids.numel()
+    y = word.new_empty((*word_ids.shape, word.shape[1]))
+    return y, word.new_empty((tokens,), dtype=_float), word.new_empty((tokens,), dtype=_float)
+
+
+@torch.library.register_fake("fusekit::embedding_layernorm_backward")
+def _(dy, word_ids, position_ids, token_type_ids, word, position, token_type, gamma, mean, rstd, p, philox,
+      padding_idx):
+    return (torch.empty_like(word), torch.empty_like(position), torch.empty_like(token_type),
+            torch.empty_like(gamma), torch.empty_like(gamma))
+
+
+@torch.library.register_fake("fusekit::bert_attention")
+def _(qkv, lengths, scale, p, philox):
+    batch, seq, _, heads, head_dim = qkv.shape
+    return qkv.new_empty((batch, seq, heads * head_dim)), qkv.new_empty((batch, heads, seq), dtype=_float)
+
+
+@torch.library.register_fake("fusekit::bert_attention_backward")
+def _(dout, qkv, lengths, out, lse, scale, p, philox):
+    return torch.empty_like(qkv)
+
+
+@torch.library.register_fake("fusekit::cross_entropy")
+def _(logits, labels, ignore_index, label_smoothing):
+    return (logits.new_empty((), dtype=_float), logits.new_empty((logits.shape[0],), dtype=_float),
+            logits.new_empty((1,), dtype=torch.int32))
+
+
+@torch.library.register_fake("fusekit::cross_entropy_backward")
+def _(dloss, logits, labels, lse, valid, ignore_index, label_smoothing):
+    return torch.empty_like(logits)
+
+
+@torch.library.register_fake("fusekit::softmax")
+def _(x, scale, mask, lengths):
+    return torch.empty_like(x)
+
+
+@torch.library.register_fake("fusekit::softmax_backward")
+def _(y, dy, scale):
+    return torch.empty_like(y)
+
+
+# ---- autograd: each forward op's backward is its _backward op
+
+
+def _layernorm_setup(ctx, inputs, output):
+    x, gamma, beta, eps = inputs
+    y, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.save_for_backward(x, gamma, mean, rstd)
+
+
+def _layernorm_backward(ctx, dy, _dmean, _drstd):
+    x, gamma, mean, rstd = ctx.saved_tensors
+    dx, dgamma, dbeta = _ops.layernorm_backward(dy.contiguous(), x, gamma, mean, rstd)
+    return dx, dgamma, dbeta, None
+
+
+torch.library.register_autograd("fusekit::layernorm", _layernorm_backward, setup_context=_layernorm_setup)
+
+
+def _bias_gelu_setup(ctx, inputs, output):
+    x, bias, approximate = inputs
+    ctx.save_for_backward(x, bias)
+    ctx.approximate = approximate
+
+
+def _bias_gelu_backward(ctx, dy):
+    x, bias = ctx.saved_tensors
+    dx, dbias = _ops.bias_gelu_backward(dy.contiguous(), x, bias, ctx.approximate)
+    return dx, dbias, None
+
+
+torch.library.register_autograd("fusekit::bias_gelu", _bias_gelu_backward, setup_context=_bias_gelu_setup)
+
+
+def _bdrl_setup(ctx, inputs, output):
+    x, bias, residual, gamma, beta, p, philox_, eps = inputs
+    y, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.save_for_backward(x, bias, residual, gamma, mean, rstd, philox_)
+    ctx.p = p
+
+
+def _bdrl_backward(ctx, dy, _dmean, _drstd):
+    x, bias, residual, gamma, mean, rstd, philox_ = ctx.saved_tensors
+    dx, dresidual, dbias, dgamma, dbeta = _ops.bias_dropout_residual_layernorm_backward(
+        dy.contiguous(), x, bias, residual, gamma, mean, rstd, ctx.p, philox_)
+    return dx, dbias, dresidual, dgamma, dbeta, None, None, None
+
+
+torch.library.register_autograd("fusekit::bias_dropout_residual_layernorm", _bdrl_backward, setup_context=_bdrl_setup)
+
+
+def _embedding_setup(ctx, inputs, output):
+    word_ids, position_ids, token_type_ids, word, position, token_type, gamma, beta, p, philox_, eps, padding_idx = inputs
+    y, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.save_for_backward(word_ids, position_ids, token_type_ids, word, position, token_type, gamma, mean, rstd,
+                          philox_)
+    ctx.p, ctx.padding_idx = p, padding_idx
+
+
+def _embedding_backward(ctx, dy, _dmean, _drstd):
+    word_ids, position_ids, token_type_ids, word, position, token_type, gamma, mean, rstd, philox_ = ctx.saved_tensors
+    dword, dposition, dtoken_type, dgamma, dbeta = _ops.embedding_layernorm_backward(
+        dy.contiguous(), word_ids, position_ids, token_type_ids, word, position, token_type, gamma, mean, rstd,
+        ctx.p, philox_, ctx.padding_idx)
+    return None, None, None, dword, dposition, dtoken_type, dgamma, dbeta, None, None, None, None
+
+
+torch.library.register_autograd("fusekit::embedding_layernorm", _embedding_backward, setup_context=_embedding_setup)
+
+
+def _attention_setup(ctx, inputs, output):
+    qkv, lengths, scale, p, philox_ = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(qkv, lengths, out, lse, philox_)
+    ctx.scale, ctx.p = scale, p
+
+
+def _attention_backward(ctx, dout, _dlse):
+    qkv, lengths, out, lse, philox_ = ctx.saved_tensors
+    dqkv = _ops.bert_attention_backward(dout.contiguous(), qkv, lengths, out, lse, ctx.scale, ctx.p, philox_)
+    return dqkv, None, None, None, None
+
+
+torch.library.register_autograd("fusekit::bert_attention", _attention_backward, setup_context=_attention_setup)
+
+
+def _cross_entropy_setup(ctx, inputs, output):
+    logits, labels, ignore_index, label_smoothing = inputs
+    loss, lse, valid = output
+    ctx.mark_non_differentiable(lse, valid)
+    ctx.save_for_backward(logits, labels, lse, valid)
+    ctx.ignore_index, ctx.label_smoothing = ignore_index, label_smoothing
+
+
+def _cross_entropy_backward(ctx, dloss, _dlse, _dvalid):
+    logits, labels, lse, valid = ctx.saved_tensors
+    dlogits = _ops.cross_entropy_backward(dloss.to(_float).reshape(1).contiguous(), logits, labels, lse, valid,
+                                          ctx.ignore_index, ctx.label_smoothing)
+    return dlogits, None, None, None
+
+
+torch.library.register_autograd("fusekit::cross_entropy", _cross_entropy_backward, setup_context=_cross_entropy_setup)
+
+
+def _softmax_setup(ctx, inputs, output):
+    x, scale, mask, lengths = inputs
+    ctx.save_for_backward(output)
+    ctx.scale = scale
+
+
+def _softmax_backward(ctx, dy):
+    (y,) = ctx.saved_tensors
+    return _ops.softmax_backward(y, dy.contiguous(), ctx.scale), None, None, None
+
+
+torch.library.register_autograd("fusekit::softmax", _softmax_backward, setup_context=_softmax_setup)
+
+
+# ---- what users call
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    """torch.nn.functional.layer_norm over the last dimension."""
+    return _ops.layernorm(x.contiguous(), weight, bias, eps)[0]
+
+
+def bias_gelu(x, bias, approximate="none"):
+    """gelu(x + bias), as torch.nn.functional.gelu(x + bias, approximate=approximate)."""
+    return _ops.bias_gelu(x.contiguous(), bias, approximate)
+
+
+def bias_dropout_residual_layer_norm(x, bias, residual, weight, norm_bias, p=0.0, eps=1e-5):
+    """layer_norm(residual + dropout(x + bias, p)): BERT's post-LN sublayer output."""
+    return _ops.bias_dropout_residual_layernorm(x.contiguous(), bias, residual.contiguous(), weight, norm_bias, p,
+                                                philox(p), eps)[0]
+
+
+def embedding_layer_norm(word_ids, position_ids, token_type_ids, word, position, token_type, weight, bias, p=0.0,
+                         eps=1e-12, padding_idx=None):
+    """dropout(layer_norm(word[word_ids] + position[position_ids] + token_type[token_type_ids]), p);
+    the word table's row padding_idx gets no gradient (as nn.Embedding's padding_idx)."""
+    return _ops.embedding_layernorm(word_ids.contiguous(), position_ids.contiguous(), token_type_ids.contiguous(),
+                                    word, position, token_type, weight, bias, p, philox(p), eps,
+                                    -1 if padding_idx is None else padding_idx)[0]
+
+
+def bert_attention(qkv, lengths, scale, p=0.0):
+    """Attention over qkv [batch, seq, 3, heads, head_dim] with keys >= lengths[b] masked and
+    dropout p on the probabilities: [batch, seq, heads * head_dim]."""
+    return _ops.bert_attention(qkv.contiguous(), lengths, scale, p, philox(p))[0]
+
+
+def cross_entropy(logits, labels, ignore_index=-100, label_smoothing=0.0):
+    """torch.nn.functional.cross_entropy(logits, labels, ignore_index=..., label_smoothing=...)
+    with reduction "mean"; logits [rows, classes] in any float dtype (no float32 copy is made).
+    Where every label is ignored the loss is 0 (PyTorch: NaN)."""
+    return _ops.cross_entropy(logits.contiguous(), labels.contiguous(), ignore_index, label_smoothing)[0]
+
+
+def softmax(x, scale=1.0, mask="none", lengths=None):
+    """softmax(scale * x) over the last dimension of [batch, heads, queries, keys] with a "none",
+    "causal" or "padding" (keys >= lengths[b]) mask."""
+    return _ops.softmax(x.contiguous(), scale, mask, lengths)

@@ -1,0 +1,77 @@
+"""fusekit inside PyTorch: patch a model's modules with fused equivalents.
+
+    import fusekit.torch
+    report = fusekit.torch.patch(model)   # in place; returns what was fused and what was kept
+    print(report)
+    fusekit.torch.unpatch(model)          # back to the original classes
+
+Supported: Hugging Face BERT (BertModel, BertForMaskedLM, BertForPreTraining,
+BertForSequenceClassification and the other heads share its modules). Patching swaps each
+matched module's class for a subclass with a fused forward; parameters, buffers and state_dict
+keys are untouched. A module that cannot be fused exactly is kept, with a warning saying why.
+"""
+
+import importlib.util
+import warnings
+
+from fusekit import matching
+from fusekit.library import missing
+
+if importlib.util.find_spec("torch") is None or missing():
+    raise ImportError("fusekit.torch: " + "; ".join(missing()))
+
+from fusekit.torch import bert  # noqa: E402 (after the check that makes its import errors readable)
+
+_FUSED_CLASSES = {}
+
+
+class Report(list):
+    """The decisions of one patch call (fusekit.matching.Decision), printable as a summary."""
+
+    def fused(self):
+        return [d for d in self if d.fused]
+
+    def kept(self):
+        return [d for d in self if not d.fused]
+
+    def __str__(self):
+        return matching.summarize(self) if self else "fusekit: no module of a supported model found"
+
+
+def _fused_class(original, kind):
+    key = (original, kind)
+    if key not in _FUSED_CLASSES:
+        _FUSED_CLASSES[key] = type("Fused" + original.__name__, (bert.FUSED[kind], original),
+                                   {"_fusekit_original": original, "__module__": bert.__name__})
+    return _FUSED_CLASSES[key]
+
+
+def patch(model, warn=True):
+    """Replace, in place, the modules of `model` that fusekit fuses; returns a Report."""
+    report = Report()
+    for path, module in model.named_modules():
+        if getattr(type(module), "_fusekit_original", None) is not None:
+            continue  # patched already
+        decision = matching.decide(path, module)
+        if decision is None:
+            continue
+        report.append(decision)
+        if decision.fused:
+            module.__class__ = _fused_class(type(module), decision.kind)
+        elif warn:
+            warnings.warn(f"fusekit: kept {path or 'the model'} ({decision.kind}): {decision.reason}", stacklevel=2)
+    return report
+
+
+def unpatch(model):
+    """Restore the original classes of every module patch() replaced; returns how many."""
+    restored = 0
+    for module in model.modules():
+        original = getattr(type(module), "_fusekit_original", None)
+        if original is not None:
+            module.__class__ = original
+            restored += 1
+    return restored
+
+
+__all__ = ["patch", "unpatch", "Report"]

@@ -1,0 +1,161 @@
+"""Fused forwards for Hugging Face BERT modules (transformers' modeling_bert), with the modules'
+own parameters: state_dict keys and values are unchanged, so checkpoints load both ways.
+
+Each fused class subclasses the original and overrides forward; a call that the fused path cannot
+compute exactly the same (float32 attention, cached keys, an attention map requested, a mask that
+is not key padding on the right, CPU tensors) runs the original forward instead.
+
+Mixed precision: under torch.autocast the fused ops run in the autocast dtype (float32
+parameters are cast, as autocast casts a linear layer's weight); without autocast, in the
+inputs' dtype. A residual stream that autocast would leave in float32 (LayerNorm outputs) stays
+in the autocast dtype here, which halves its bytes.
+"""
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from fusekit import ops
+from fusekit.matching import gelu_form
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(x):
+    """The dtype the fused ops run in for input x."""
+    if x.dtype in HALF:
+        return x.dtype
+    if x.is_cuda and torch.is_autocast_enabled("cuda"):
+        dtype = torch.get_autocast_dtype("cuda")
+        if dtype in HALF:
+            return dtype
+    return x.dtype
+
+
+def key_padding_lengths(mask, batch, seq, device):
+    """Valid keys per sequence (int32 [batch]) from the mask a BERT attention layer receives: None
+    (no padding), a 2D keep mask [batch, seq], or a 4D mask [batch|1, 1, queries|1, seq] (bool, True
+    = attend, as for SDPA; or additive float, 0 = attend). A mask that is not key padding on the
+    right stops the program with a device-side assert (no silent wrong result, no host sync).
+    None where the mask is of a kind the fused attention cannot take (e.g. a flex BlockMask)."""
+    if mask is None:
+        return torch.full((batch,), seq, dtype=torch.int32, device=device)
+    if not isinstance(mask, torch.Tensor) or mask.shape[-1] != seq or mask.dim() not in (2, 4):
+        return None
+    keep = mask if mask.dtype == torch.bool else (mask != 0 if mask.dim() == 2 else mask == 0)
+    row = keep if keep.dim() == 2 else keep[:, 0, 0, :]
+    row = row.expand(batch, seq)
+    lengths = row.sum(-1, dtype=torch.int32)
+    prefix = torch.arange(seq, device=device) < lengths[:, None]
+    expected = prefix if keep.dim() == 2 else prefix[:, None, None, :]
+    torch._assert_async((keep == expected).all(), "fusekit: BERT attention needs key padding on the right")
+    return lengths
+
+
+def _dropout_p(module, dropout):
+    return dropout.p if module.training else 0.0
+
+
+class FusedBertEmbeddings:
+    def forward(self, input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                past_key_values_length=0):
+        if input_ids is None or inputs_embeds is not None or not input_ids.is_cuda:
+            return self._fusekit_original.forward(self, input_ids, token_type_ids, position_ids, inputs_embeds,
+                                                  past_key_values_length)
+        batch, seq = input_ids.shape
+        if position_ids is None:
+            position_ids = self.position_ids[:, past_key_values_length:past_key_values_length + seq]
+        position_ids = position_ids.expand(batch, seq)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        token_type_ids = token_type_ids.expand(batch, seq)
+        word = self.word_embeddings
+        norm = self.LayerNorm
+        # In the tables' dtype (float32 under autocast, as nn.Embedding and LayerNorm run there).
+        return ops.embedding_layer_norm(input_ids, position_ids, token_type_ids, word.weight,
+                                        self.position_embeddings.weight, self.token_type_embeddings.weight,
+                                        norm.weight, norm.bias, _dropout_p(self, self.dropout), norm.eps,
+                                        word.padding_idx)
+
+
+class FusedBertSelfAttention:
+    def forward(self, hidden_states, attention_mask=None, past_key_values=None, **kwargs):
+        dtype = compute_dtype(hidden_states)
+        batch, seq = hidden_states.shape[:2]
+        lengths = None
+        if (past_key_values is None and not kwargs.get("output_attentions") and kwargs.get("head_mask") is None
+                and kwargs.get("encoder_hidden_states") is None and dtype in HALF and hidden_states.is_cuda
+                and hidden_states.dim() == 3):
+            lengths = key_padding_lengths(attention_mask, batch, seq, hidden_states.device)
+        if lengths is None:
+            return self._fusekit_original.forward(self, hidden_states, attention_mask, past_key_values, **kwargs)
+        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight]).to(dtype)
+        bias = torch.cat([self.query.bias, self.key.bias, self.value.bias]).to(dtype)
+        qkv = F.linear(hidden_states.to(dtype), weight, bias)
+        qkv = qkv.view(batch, seq, 3, self.num_attention_heads, self.attention_head_size)
+        out = ops.bert_attention(qkv, lengths, self.scaling, _dropout_p(self, self.dropout))
+        return out, None
+
+
+class FusedBertSublayerOutput:
+    """BertSelfOutput and BertOutput: LayerNorm(input_tensor + dropout(dense(hidden_states)))."""
+
+    def forward(self, hidden_states, input_tensor):
+        if not hidden_states.is_cuda:
+            return self._fusekit_original.forward(self, hidden_states, input_tensor)
+        dtype = compute_dtype(hidden_states)
+        x = F.linear(hidden_states.to(dtype), self.dense.weight.to(dtype))
+        norm = self.LayerNorm
+        return ops.bias_dropout_residual_layer_norm(x, self.dense.bias.to(dtype), input_tensor.to(dtype),
+                                                    norm.weight.to(dtype), norm.bias.to(dtype),
+                                                    _dropout_p(self, self.dropout), norm.eps)
+
+
+class FusedBertIntermediate:
+    def forward(self, hidden_states):
+        if not hidden_states.is_cuda:
+            return self._fusekit_original.forward(self, hidden_states)
+        dtype = compute_dtype(hidden_states)
+        x = F.linear(hidden_states.to(dtype), self.dense.weight.to(dtype))
+        return ops.bias_gelu(x, self.dense.bias.to(dtype), gelu_form(self.intermediate_act_fn))
+
+
+class FusedBertPredictionHeadTransform:
+    def forward(self, hidden_states):
+        if not hidden_states.is_cuda:
+            return self._fusekit_original.forward(self, hidden_states)
+        dtype = compute_dtype(hidden_states)
+        x = F.linear(hidden_states.to(dtype), self.dense.weight.to(dtype))
+        x = ops.bias_gelu(x, self.dense.bias.to(dtype), gelu_form(self.transform_act_fn))
+        norm = self.LayerNorm
+        return ops.layer_norm(x, norm.weight.to(dtype), norm.bias.to(dtype), norm.eps)
+
+
+class FusedBertForMaskedLM:
+    """The masked-LM loss as fusekit's cross_entropy on the logits' own dtype: PyTorch's autocast
+    runs cross_entropy in float32, a float32 copy of the [tokens, vocabulary] logits."""
+
+    def forward(self, *args, labels=None, return_dict=None, **kwargs):
+        out = self._fusekit_original.forward(self, *args, labels=None, return_dict=True, **kwargs)
+        if labels is not None:
+            logits = out.logits.view(-1, self.config.vocab_size)
+            labels = labels.view(-1).to(logits.device)
+            if logits.is_cuda:
+                loss = ops.cross_entropy(logits, labels, ignore_index=-100)
+            else:
+                loss = F.cross_entropy(logits.float(), labels, ignore_index=-100)
+            out = dataclasses.replace(out, loss=loss)
+        use_dict = return_dict if return_dict is not None else getattr(self.config, "return_dict", True)
+        return out if use_dict else out.to_tuple()
+
+
+FUSED = {
+    "BertEmbeddings": FusedBertEmbeddings,
+    "BertSelfAttention": FusedBertSelfAttention,
+    "BertSelfOutput": FusedBertSublayerOutput,
+    "BertOutput": FusedBertSublayerOutput,
+    "BertIntermediate": FusedBertIntermediate,
+    "BertPredictionHeadTransform": FusedBertPredictionHeadTransform,
+    "BertForMaskedLM": FusedBertForMaskedLM,
+}

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The PyTorch side on a GPU machine: builds the operator library (torch_ops/), runs its pytest
+# suites (tests/gpu/python: the ops, opcheck, fusekit.torch.patch on Hugging Face BERT) and, with
+# --bench, times the BERT step peer (scripts/peers/ops.py, cases of `fusekit cases --suite models`)
+# with the unpatched and the fusekit-patched model, eager and compiled, without the tracer.
+#   bash scripts/torch-check.sh [--bench CASES_JSON] [pytest arguments...]
+# Environment: OUT (logs and results; default out/torch), BUILD_DIR (default build-device).
+# Exit code: 0 when the build and every test passed (and the bench ran, if asked).
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${OUT:-$ROOT/out/torch}"
+export BUILD_DIR="${BUILD_DIR:-$ROOT/build-device}"
+mkdir -p "$OUT"
+cd "$ROOT" || exit 1
+cases=""
+if [ "${1:-}" = "--bench" ]; then
+  cases="$2"
+  shift 2
+fi
+
+start=$SECONDS
+if ! FUSEKIT_TARGETS="fusekit_torch_ops" bash scripts/setup.sh >"$OUT/build.log" 2>&1; then
+  grep -B2 -A12 -E "error|Error" "$OUT/build.log" | head -60
+  echo "torch-check: the build failed; see $OUT/build.log"
+  exit 1
+fi
+library="$BUILD_DIR/torch_ops/libfusekit_torch_ops.so"
+[ -f "$library" ] || { echo "torch-check: $library was not built (libtorch not found?)"; exit 1; }
+echo "torch-check: built $library in $((SECONDS - start)) s"
+export FUSEKIT_TORCH_OPS_LIBRARY="$library"
+export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
+
+failed=0
+for test in torch_ops_test torch_patch_bert_test; do
+  start=$SECONDS
+  python3 -m pytest -q -p no:cacheprovider -rs "$@" "tests/gpu/python/$test.py" >"$OUT/$test.log" 2>&1
+  rc=$?
+  [ $rc = 0 ] || failed=1
+  echo "torch-check: $test: rc $rc in $((SECONDS - start)) s: $(tail -n 1 "$OUT/$test.log")"
+  [ $rc = 0 ] || grep -E "^(FAILED|ERROR)|Error|error:" "$OUT/$test.log" | head -20
+done
+
+if [ -n "$cases" ]; then
+  start=$SECONDS
+  python3 scripts/peers/ops.py --cases "$cases" --results "$OUT/peers.jsonl" --reps "${FUSEKIT_PEER_REPS:-20}" \
+    >"$OUT/peers.log" 2>&1
+  rc=$?
+  [ $rc = 0 ] || failed=1
+  echo "torch-check: peers: rc $rc in $((SECONDS - start)) s"
+  grep -E "fusekit|Error|error" "$OUT/peers.log" | head -30
+  python3 - "$OUT/peers.jsonl" <<'PY'
+import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+base = {}
+for r in rows:
+    median = statistics.median(r["samples_ns"]) / 1e6
+    peak = r.get("metrics", {}).get("peak_memory_bytes", 0) / 2**30
+    base.setdefault(r["name"], {})[r["variant"]] = median
+    eager = base[r["name"]].get("peer:eager")
+    print(f"{r['name']:45s} {r['variant']:22s} median {median:8.3f} ms  peak {peak:6.2f} GiB"
+          + (f"  {eager / median:5.2f}x eager" if eager else ""))
+PY
+fi
+exit $failed

@@ -1,0 +1,139 @@
+"""The Python package (python/fusekit) on a machine without a GPU, and without PyTorch where it is
+absent (as in CI): the top-level package imports and says what is missing; fusekit.torch raises
+one ImportError that says why; the rules that decide which modules fusekit.torch.patch fuses, on
+stand-in modules of Hugging Face BERT's class names."""
+import importlib
+import os
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+import fusekit  # noqa: E402
+from fusekit import library, matching  # noqa: E402
+
+
+def stand_in(kind, **attributes):
+    """An object whose class is named `kind`, with the given attributes."""
+    obj = type(kind, (), {})()
+    obj.__dict__.update(attributes)
+    return obj
+
+
+def linear(bias=True):
+    return stand_in("Linear", weight=object(), bias=object() if bias else None)
+
+
+def layer_norm(affine=True):
+    return stand_in("LayerNorm", weight=object() if affine else None, bias=object() if affine else None,
+                    normalized_shape=(768,))
+
+
+def attention(head_dim=64, **overrides):
+    values = dict(attention_head_size=head_dim, is_decoder=False, is_causal=False, query=linear(), key=linear(),
+                  value=linear(), config=stand_in("BertConfig", position_embedding_type="absolute"))
+    values.update(overrides)
+    return stand_in("BertSelfAttention", **values)
+
+
+class LibraryTest(unittest.TestCase):
+    def test_missing_names_pytorch_and_the_library(self):
+        with tempfile.TemporaryDirectory() as root:
+            reasons = library.missing(environ={}, root=root, have_module=lambda name: False)
+        self.assertEqual(len(reasons), 2)
+        self.assertIn("PyTorch is not installed", reasons[0])
+        self.assertIn(library.LIBRARY_NAME + " was not found", reasons[1])
+        self.assertIn(os.path.join("build-device", "torch_ops", library.LIBRARY_NAME), reasons[1])
+
+    def test_library_found_in_a_build_folder_or_by_the_environment(self):
+        with tempfile.TemporaryDirectory() as root:
+            self.assertIsNone(library.find_library(environ={}, root=root))
+            built = os.path.join(root, "build", "torch_ops", library.LIBRARY_NAME)
+            os.makedirs(os.path.dirname(built))
+            open(built, "w").close()
+            self.assertEqual(library.find_library(environ={}, root=root), built)
+            self.assertEqual(library.missing(environ={}, root=root, have_module=lambda name: True), [])
+            chosen = os.path.join(root, "elsewhere.so")
+            open(chosen, "w").close()
+            environ = {library.ENVIRONMENT_VARIABLE: chosen}
+            self.assertEqual(library.find_library(environ=environ, root=root), chosen)
+
+    def test_fusekit_torch_says_why_it_cannot_import(self):
+        if not library.missing():
+            self.skipTest("PyTorch and the operator library are both here")
+        with self.assertRaises(ImportError) as raised:
+            importlib.import_module("fusekit.torch")
+        message = str(raised.exception)
+        self.assertTrue(message.startswith("fusekit.torch: "), message)
+        self.assertTrue("PyTorch is not installed" in message or library.LIBRARY_NAME in message, message)
+
+    def test_top_level_package_lists_what_is_missing(self):
+        self.assertIsInstance(fusekit.missing(), list)
+
+
+class MatchingTest(unittest.TestCase):
+    def test_supported_attention_is_fused(self):
+        decision = matching.decide("bert.encoder.layer.0.attention.self", attention())
+        self.assertEqual((decision.kind, decision.fused), ("BertSelfAttention", True))
+
+    def test_attention_that_cannot_be_fused_is_kept_with_its_reason(self):
+        for module, reason in [
+            (attention(head_dim=48), "head_dim 48"),
+            (attention(is_decoder=True), "decoder"),
+            (attention(is_causal=True), "decoder"),
+            (attention(config=stand_in("BertConfig", position_embedding_type="relative_key")), "relative"),
+            (attention(key=linear(bias=False)), "without bias"),
+        ]:
+            decision = matching.decide("a", module)
+            self.assertFalse(decision.fused, module.__dict__)
+            self.assertIn(reason, decision.reason)
+
+    def test_gelu_forms(self):
+        self.assertEqual(matching.gelu_form(stand_in("GELUActivation")), "none")
+        self.assertEqual(matching.gelu_form(stand_in("NewGELUActivation")), "tanh")
+        self.assertEqual(matching.gelu_form(stand_in("PytorchGELUTanh")), "tanh")
+        self.assertEqual(matching.gelu_form(stand_in("GELU", approximate="tanh")), "tanh")
+        self.assertEqual(matching.gelu_form(stand_in("GELU", approximate="none")), "none")
+        self.assertIsNone(matching.gelu_form(stand_in("ReLU")))
+
+    def test_intermediate_needs_a_gelu(self):
+        fused = matching.decide("i", stand_in("BertIntermediate", dense=linear(),
+                                              intermediate_act_fn=stand_in("NewGELUActivation")))
+        self.assertTrue(fused.fused)
+        self.assertIn("tanh", fused.reason)
+        kept = matching.decide("i", stand_in("BertIntermediate", dense=linear(), intermediate_act_fn=stand_in("SiLU")))
+        self.assertFalse(kept.fused)
+        self.assertIn("SiLU", kept.reason)
+
+    def test_sublayer_outputs_need_an_affine_layer_norm(self):
+        for kind in ("BertSelfOutput", "BertOutput"):
+            self.assertTrue(matching.decide("o", stand_in(kind, dense=linear(), LayerNorm=layer_norm())).fused)
+            kept = matching.decide("o", stand_in(kind, dense=linear(), LayerNorm=layer_norm(affine=False)))
+            self.assertFalse(kept.fused)
+            self.assertIn("LayerNorm", kept.reason)
+
+    def test_embeddings(self):
+        tables = dict(word_embeddings=object(), position_embeddings=object(), token_type_embeddings=object(),
+                      LayerNorm=layer_norm())
+        self.assertTrue(matching.decide("e", stand_in("BertEmbeddings", **tables)).fused)
+        relative = matching.decide("e", stand_in("BertEmbeddings", position_embedding_type="relative_key", **tables))
+        self.assertFalse(relative.fused)
+        self.assertIn("relative", relative.reason)
+
+    def test_unknown_and_known_unsupported_modules(self):
+        self.assertIsNone(matching.decide("x", stand_in("BertLayer")))
+        cross = matching.decide("x", stand_in("BertCrossAttention"))
+        self.assertFalse(cross.fused)
+        self.assertIn("cross-attention", cross.reason)
+
+    def test_summary_counts_modules_per_decision(self):
+        decisions = [matching.decide(f"l{i}", attention()) for i in range(12)] + [matching.decide("x", attention(48))]
+        text = matching.summarize(decisions)
+        self.assertIn("fused  12 x BertSelfAttention", text)
+        self.assertIn("kept    1 x BertSelfAttention: head_dim 48", text)
+
+
+if __name__ == "__main__":
+    unittest.main()

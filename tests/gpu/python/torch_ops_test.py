@@ -1,0 +1,247 @@
+"""fusekit's torch.ops on the GPU (pytest): every op against PyTorch's own composition of the same
+math, forward and backward through autograd, in float32, float16 and bfloat16 on fresh random
+inputs with odd shapes; torch.library.opcheck on every op (schema, fake implementation, autograd
+registration, AOT dispatch); dropout reproducible under torch.manual_seed; bad input raises one
+clear exception.
+
+Tolerances: relative Frobenius error against a float64 evaluation of the PyTorch composition, at
+most twice the error of the same composition run by PyTorch in the tested dtype, plus the
+DESIGN.md bound for that dtype as a floor (fp32 1e-5, fp16 2e-3, bf16 1e-2).
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusekit.ops as fk
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+HALF = [torch.float16, torch.bfloat16]
+FLOOR = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+DEVICE = "cuda"
+
+
+def relative_error(out, ref):
+    out, ref = out.double(), ref.double()
+    assert torch.isfinite(out).all(), "non-finite output"
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def leaf(t):
+    return t.detach().clone().requires_grad_(True)
+
+
+def compare(fused_fn, torch_fn, inputs, dtype, grad_seed=7):
+    """Runs fused_fn and torch_fn (a PyTorch composition) on copies of `inputs` (the float ones
+    require grad), in dtype and float64; checks the output and every input gradient."""
+    floats = [i for i, t in enumerate(inputs) if t.is_floating_point()]
+
+    def run(fn, cast):
+        args = [leaf(t.to(cast)) if i in floats else t for i, t in enumerate(inputs)]
+        out = fn(*args)
+        g = torch.Generator(device=DEVICE).manual_seed(grad_seed)
+        dout = torch.randn(out.shape, generator=g, device=DEVICE, dtype=torch.float32).to(out.dtype)
+        out.backward(dout)
+        return out.detach(), [args[i].grad for i in floats]
+
+    ref_out, ref_grads = run(torch_fn, torch.float64)
+    base_out, base_grads = run(torch_fn, dtype)
+    out, grads = run(fused_fn, dtype)
+    checks = [("output", out, base_out, ref_out)] + [
+        (f"grad of input {i}", g, bg, rg) for i, g, bg, rg in zip(floats, grads, base_grads, ref_grads)]
+    for name, value, baseline, reference in checks:
+        assert value is not None, f"{name}: no gradient"
+        bound = max(2 * relative_error(baseline, reference), FLOOR[dtype])
+        error = relative_error(value, reference)
+        assert error <= bound, f"{name}: error {error:.3g} > {bound:.3g} ({dtype})"
+
+
+def randn(*shape, dtype=torch.float32, scale=1.0):
+    return (torch.randn(*shape, device=DEVICE) * scale).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,columns", [(1, 768), (37, 1023), (301, 96)])
+def test_layernorm(dtype, rows, columns):
+    x, w, b = randn(rows, columns), randn(columns) * 0.1 + 1, randn(columns) * 0.1
+    compare(lambda x, w, b: fk.layer_norm(x, w, b, 1e-5),
+            lambda x, w, b: F.layer_norm(x, (columns,), w, b, 1e-5), [x, w, b], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("rows,columns", [(3, 3072), (129, 1000)])
+def test_bias_gelu(dtype, approximate, rows, columns):
+    x, b = randn(rows, columns), randn(columns)
+    compare(lambda x, b: fk.bias_gelu(x, b, approximate),
+            lambda x, b: F.gelu(x + b, approximate=approximate), [x, b], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,columns", [(5, 768), (257, 1001)])
+def test_bias_dropout_residual_layernorm_without_dropout(dtype, rows, columns):
+    x, b, r = randn(rows, columns), randn(columns), randn(rows, columns)
+    w, nb = randn(columns) * 0.1 + 1, randn(columns) * 0.1
+    compare(lambda x, b, r, w, nb: fk.bias_dropout_residual_layer_norm(x, b, r, w, nb, 0.0, 1e-5),
+            lambda x, b, r, w, nb: F.layer_norm(r + x + b, (columns,), w, nb, 1e-5), [x, b, r, w, nb], dtype)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_bias_dropout_residual_layernorm_with_dropout(dtype):
+    """The mask the op applied, recovered from a run with x = 1 and bias = 0 (kept elements hold
+    1 / (1 - p), dropped ones 0), makes the PyTorch composition equal to the op."""
+    rows, columns, p = 300, 768, 0.1
+    x, b, r = randn(rows, columns), randn(columns), randn(rows, columns)
+    w, nb = randn(columns) * 0.1 + 1, randn(columns) * 0.1
+    ones = torch.ones(rows, columns, device=DEVICE, dtype=dtype)
+    zeros = torch.zeros(columns, device=DEVICE, dtype=dtype)
+    philox = torch.tensor([1234, 0], dtype=torch.int64)
+    ops = torch.ops.fusekit
+    # With residual 0, gamma 1 and beta 0, y is LayerNorm(mask / (1 - p)): mask from its sign.
+    probe, _, _ = ops.bias_dropout_residual_layernorm(ones, zeros, torch.zeros_like(ones), torch.ones_like(zeros),
+                                                      zeros, p, philox, 1e-5)
+    row_mean = probe.float().mean(-1, keepdim=True)
+    mask = (probe.float() > row_mean).to(torch.float64) / (1 - p)
+    kept = mask.gt(0).double().mean().item()
+    assert abs(kept - (1 - p)) < 0.01, f"kept fraction {kept}"
+    compare(lambda x, b, r, w, nb: ops.bias_dropout_residual_layernorm(x, b, r, w, nb, p, philox, 1e-5)[0],
+            lambda x, b, r, w, nb: F.layer_norm(r + (x + b) * mask.to(x.dtype), (columns,), w, nb, 1e-5),
+            [x, b, r, w, nb], dtype)
+
+
+def test_dropout_follows_torch_manual_seed():
+    x, b, r = randn(64, 768, dtype=torch.float16), randn(768, dtype=torch.float16), randn(64, 768, dtype=torch.float16)
+    w, nb = torch.ones(768, device=DEVICE, dtype=torch.float16), torch.zeros(768, device=DEVICE, dtype=torch.float16)
+    torch.manual_seed(5)
+    a = fk.bias_dropout_residual_layer_norm(x, b, r, w, nb, 0.1)
+    torch.manual_seed(5)
+    a2 = fk.bias_dropout_residual_layer_norm(x, b, r, w, nb, 0.1)
+    c = fk.bias_dropout_residual_layer_norm(x, b, r, w, nb, 0.1)
+    assert torch.equal(a, a2)
+    assert not torch.equal(a, c)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_layernorm(dtype):
+    batch, seq, hidden, vocab, positions = 3, 37, 768, 1000, 64
+    ids = torch.randint(0, vocab, (batch, seq), device=DEVICE)
+    ids[0, :5] = 0  # the padding id
+    pos = torch.arange(seq, device=DEVICE).expand(batch, seq)
+    types = torch.randint(0, 2, (batch, seq), device=DEVICE)
+    word, position, token_type = randn(vocab, hidden), randn(positions, hidden), randn(2, hidden)
+    w, b = randn(hidden) * 0.1 + 1, randn(hidden) * 0.1
+
+    def reference(word, position, token_type, w, b):
+        e = F.embedding(ids, word, padding_idx=0) + F.embedding(pos, position) + F.embedding(types, token_type)
+        return F.layer_norm(e, (hidden,), w, b, 1e-12)
+
+    compare(lambda word, position, token_type, w, b: fk.embedding_layer_norm(ids, pos, types, word, position,
+                                                                             token_type, w, b, 0.0, 1e-12, 0),
+            reference, [word, position, token_type, w, b], dtype)
+
+
+def attention_reference(qkv, lengths, scale):
+    batch, seq, _, heads, head_dim = qkv.shape
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [batch, heads, seq, head_dim]
+    keep = torch.arange(seq, device=qkv.device)[None, :] < lengths[:, None].long()
+    scores = (q @ k.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
+    out = torch.softmax(scores, -1) @ v
+    return out.transpose(1, 2).reshape(batch, seq, heads * head_dim)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("seq,head_dim", [(128, 64), (77, 64), (200, 32), (64, 128)])
+def test_bert_attention(dtype, seq, head_dim):
+    batch, heads = 3, 4
+    qkv = randn(batch, seq, 3, heads, head_dim)
+    lengths = torch.tensor([seq, max(1, seq // 2), 1], dtype=torch.int32, device=DEVICE)
+    scale = 1 / math.sqrt(head_dim)
+    compare(lambda qkv: fk.bert_attention(qkv, lengths, scale, 0.0),
+            lambda qkv: attention_reference(qkv, lengths, scale), [qkv], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy(dtype, smoothing):
+    rows, vocab = 300, 30522
+    logits = randn(rows, vocab, scale=2.0)
+    labels = torch.randint(0, vocab, (rows,), device=DEVICE)
+    labels[::3] = -100
+    compare(lambda x: fk.cross_entropy(x, labels, -100, smoothing),
+            lambda x: F.cross_entropy(x.float() if x.dtype != torch.float64 else x, labels, ignore_index=-100,
+                                      label_smoothing=smoothing), [logits], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mask", ["none", "causal", "padding"])
+def test_softmax(dtype, mask):
+    batch, heads, queries, keys = 2, 3, 33, 47
+    x = randn(batch, heads, queries, keys)
+    lengths = torch.tensor([keys, 9], dtype=torch.int32, device=DEVICE)
+
+    def reference(x):
+        z = x * 0.5
+        keep = torch.ones(batch, 1, queries, keys, dtype=torch.bool, device=DEVICE)
+        if mask == "causal":
+            keep = keep & (torch.arange(keys, device=DEVICE)[None, :] <= torch.arange(queries, device=DEVICE)[:, None]
+                           + keys - queries)
+        if mask == "padding":
+            keep = keep & (torch.arange(keys, device=DEVICE) < lengths[:, None, None, None])
+        return torch.softmax(z.masked_fill(~keep, float("-inf")), -1)
+
+    compare(lambda x: fk.softmax(x, 0.5, mask, lengths if mask == "padding" else None), reference, [x], dtype)
+
+
+def opcheck_samples():
+    h = torch.float16
+    qkv = randn(2, 40, 3, 2, 64, dtype=h)
+    lengths = torch.tensor([40, 17], dtype=torch.int32, device=DEVICE)
+    x, b, r = randn(6, 96, dtype=h), randn(96, dtype=h), randn(6, 96, dtype=h)
+    w, nb = randn(96, dtype=h), randn(96, dtype=h)
+    philox = torch.tensor([99, 0], dtype=torch.int64)
+    ids = torch.randint(0, 50, (2, 5), device=DEVICE)
+    pos = torch.arange(5, device=DEVICE).expand(2, 5).contiguous()
+    types = torch.zeros(2, 5, dtype=torch.int64, device=DEVICE)
+    word, position, token_type = randn(50, 96, dtype=h), randn(8, 96, dtype=h), randn(2, 96, dtype=h)
+    logits, labels = randn(7, 101, dtype=h), torch.randint(0, 101, (7,), device=DEVICE)
+    scores = randn(2, 2, 5, 9, dtype=h)
+    ops = torch.ops.fusekit
+    return [
+        (ops.layernorm, (leaf(x), leaf(w), leaf(nb), 1e-5)),
+        (ops.bias_gelu, (leaf(x), leaf(b), "none")),
+        (ops.bias_dropout_residual_layernorm, (leaf(x), leaf(b), leaf(r), leaf(w), leaf(nb), 0.1, philox, 1e-5)),
+        (ops.embedding_layernorm, (ids, pos, types, leaf(word), leaf(position), leaf(token_type), leaf(w), leaf(nb),
+                                   0.1, philox, 1e-12, 0)),
+        (ops.bert_attention, (leaf(qkv), lengths, 0.125, 0.1, philox)),
+        (ops.cross_entropy, (leaf(logits), labels, -100, 0.1)),
+        (ops.softmax, (leaf(scores), 0.5, "none", None)),
+    ]
+
+
+@pytest.mark.parametrize("index", range(7))
+def test_opcheck(index):
+    op, args = opcheck_samples()[index]
+    torch.library.opcheck(op, args)
+
+
+def test_bad_input_raises_one_clear_error():
+    ops = torch.ops.fusekit
+    x = randn(4, 8)
+    w = randn(8)
+    with pytest.raises(ValueError, match="fusekit::layernorm: x must be a CUDA tensor"):
+        ops.layernorm(x.cpu(), w, w, 1e-5)
+    with pytest.raises(TypeError, match="gamma is Half but x is Float"):
+        ops.layernorm(x, w.half(), w, 1e-5)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        ops.layernorm(x.t(), w, w, 1e-5)
+    with pytest.raises(ValueError, match="gamma has 7 elements, expected 8"):
+        ops.layernorm(x, w[:7].contiguous(), w, 1e-5)
+    with pytest.raises(ValueError, match="head_dim"):
+        fk.bert_attention(randn(1, 4, 3, 2, 48, dtype=torch.float16), torch.ones(1, dtype=torch.int32,
+                                                                                 device=DEVICE), 0.1)
+    with pytest.raises(ValueError, match="dropout p must be in"):
+        fk.bias_dropout_residual_layer_norm(x, w, x, w, w, 1.0)
+    with pytest.raises(TypeError, match="labels must be Long"):
+        fk.cross_entropy(x, torch.zeros(4, dtype=torch.int32, device=DEVICE))

@@ -1,0 +1,212 @@
+"""fusekit.torch.patch on Hugging Face's BertForMaskedLM (pytest, GPU): what is fused; one step's
+loss and every parameter gradient against the unpatched model; 10 training steps; torch.compile;
+state_dict round trips; a mask that is not key padding on the right stops the program.
+
+Gradient tolerance (DESIGN.md: a patched model against the unpatched one): per parameter, the
+patched model's relative error against the unpatched float32 run is at most twice the unpatched
+AMP run's error against it, with 2e-3 (fp16) or 1e-2 (bf16) as a floor for tensors that AMP
+happens to compute almost exactly.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import fusekit.torch  # noqa: E402
+
+DEVICE = "cuda"
+FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def make_model(layers=2, dropout=0.0, seed=0, act="gelu"):
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=layers,
+                                     num_attention_heads=12, intermediate_size=3072, hidden_act=act,
+                                     hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+                                     max_position_embeddings=512, type_vocab_size=2, layer_norm_eps=1e-12,
+                                     pad_token_id=0)
+    torch.manual_seed(seed)
+    return transformers.BertForMaskedLM(config).to(DEVICE).train()
+
+
+def make_batch(batch=8, seq=128, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(seq // 4, seq + 1, (batch,), generator=g)
+    lengths[0] = seq
+    ids = torch.randint(1, 30522, (batch, seq), generator=g)
+    keep = torch.arange(seq)[None, :] < lengths[:, None]
+    ids = torch.where(keep, ids, torch.zeros_like(ids))
+    labels = torch.full((batch, seq), -100)
+    chosen = (torch.rand(batch, seq, generator=g) < 0.15) & keep
+    labels[chosen] = ids[chosen]
+    types = (torch.arange(seq)[None, :] >= (lengths[:, None] // 2)).long() * keep
+    return {k: v.to(DEVICE) for k, v in dict(input_ids=ids, attention_mask=keep.long(), token_type_ids=types,
+                                             labels=labels).items()}
+
+
+def loss_and_grads(model, batch, dtype=None, scale=1024.0, call=None):
+    """One forward and backward of `call` (default: the model itself, e.g. its compiled wrapper)."""
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+        loss = (call if call is not None else model)(**batch).loss
+    (loss * scale).backward()
+    grads = {n: p.grad.double() / scale for n, p in model.named_parameters() if p.grad is not None}
+    return loss.item(), grads
+
+
+def relative(a, b, floor=0.0):
+    """||a - b|| / ||b||, the denominator at least `floor`: a gradient that is zero in exact
+    arithmetic (a key projection's bias: softmax ignores a constant added to every score) is
+    rounding noise, which only a floor on the scale makes comparable."""
+    return ((a - b).norm() / b.norm().clamp_min(max(floor, 1e-30))).item()
+
+
+def gradient_floor(grads):
+    """1e-3 of the mean gradient norm over the parameters."""
+    return 1e-3 * sum(g.norm().item() for g in grads.values()) / len(grads)
+
+
+def test_patch_reports_what_it_fused():
+    model = make_model()
+    report = fusekit.torch.patch(model)
+    fused = {d.kind for d in report.fused()}
+    assert fused == {"BertEmbeddings", "BertSelfAttention", "BertSelfOutput", "BertOutput", "BertIntermediate",
+                     "BertPredictionHeadTransform", "BertForMaskedLM"}, str(report)
+    assert len(report.fused()) == 1 + 2 * 4 + 2  # embeddings, 4 per layer, head transform, the loss
+    assert "FusedBertSelfAttention" in repr(model)
+    assert fusekit.torch.unpatch(model) == len(report.fused())
+    assert "Fused" not in repr(model)
+
+
+def test_unsupported_head_dim_is_kept_with_a_warning():
+    config = transformers.BertConfig(hidden_size=96, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=384)  # head_dim 48
+    model = transformers.BertForMaskedLM(config).to(DEVICE)
+    with pytest.warns(UserWarning, match="head_dim 48"):
+        report = fusekit.torch.patch(model)
+    assert [d.kind for d in report.kept()] == ["BertSelfAttention"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_one_step_gradients_match_the_unpatched_model(dtype):
+    batch = make_batch()
+    model = make_model()
+    ref_loss, ref = loss_and_grads(model, batch)  # unpatched float32
+    amp_loss, amp = loss_and_grads(model, batch, dtype)  # unpatched AMP
+    fusekit.torch.patch(model)
+    fp32_loss, fp32 = loss_and_grads(model, batch)  # patched float32: the fused ops in float32
+    fused_loss, fused = loss_and_grads(model, batch, dtype)  # patched AMP
+    assert set(fused) == set(ref)
+    assert abs(fp32_loss - ref_loss) <= 1e-4 * abs(ref_loss)
+    assert abs(fused_loss - ref_loss) <= max(2 * abs(amp_loss - ref_loss), FLOOR[dtype] * abs(ref_loss))
+    worst = []
+    floor = gradient_floor(ref)
+    for name in ref:
+        assert relative(fp32[name], ref[name], floor) < 1e-3, f"{name}: float32 patched vs unpatched"
+        bound = max(2 * relative(amp[name], ref[name], floor), FLOOR[dtype])
+        error = relative(fused[name], ref[name], floor)
+        worst.append((error / bound, name, error, bound))
+    worst.sort(reverse=True)
+    ratio, name, error, bound = worst[0]
+    print(f"{dtype}: worst gradient {name}: error {error:.3g}, bound {bound:.3g}")
+    assert ratio <= 1.0, f"{name}: error {error:.3g} > bound {bound:.3g}"
+
+
+def train(model, steps, dtype, seed):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    scaler = torch.amp.GradScaler("cuda", init_scale=1024.0, enabled=dtype == torch.float16)
+    torch.manual_seed(seed)
+    losses = []
+    for step in range(steps):
+        batch = make_batch(seed=100 + step % 3)
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=dtype):
+            loss = model(**batch).loss
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_ten_steps_track_the_unpatched_loss(dropout):
+    unpatched = train(make_model(dropout=dropout), 10, torch.float16, seed=3)
+    model = make_model(dropout=dropout)
+    fusekit.torch.patch(model)
+    patched = train(model, 10, torch.float16, seed=3)
+    # Without dropout both compute one function (AMP rounding apart); with it, other masks.
+    tolerance = 0.01 if dropout == 0 else 0.03
+    for step, (a, b) in enumerate(zip(unpatched, patched)):
+        assert abs(a - b) <= tolerance * abs(a), f"step {step}: unpatched {a:.4f}, patched {b:.4f}"
+    assert patched[-1] < patched[0]
+
+
+def graph_breaks(model, batch):
+    """Graph breaks Dynamo reports while compiling one forward of the model."""
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+        torch.compile(model)(**batch)
+    return sum(counters["graph_break"].values())
+
+
+def test_compiled_patched_model_matches_eager():
+    batch = make_batch()
+    model = make_model()
+    unpatched_breaks = graph_breaks(model, batch)
+    fusekit.torch.patch(model)
+    patched_breaks = graph_breaks(model, batch)
+    print(f"graph breaks: unpatched {unpatched_breaks}, patched {patched_breaks}")
+    assert patched_breaks <= unpatched_breaks  # fusekit's ops are traced as opaque ops, no break of their own
+    eager_loss, eager = loss_and_grads(model, batch, torch.float16)
+    torch._dynamo.reset()
+    compiled = torch.compile(model)
+    compiled_loss, graph = loss_and_grads(model, batch, torch.float16, call=compiled)
+    assert abs(compiled_loss - eager_loss) <= 2e-3 * abs(eager_loss)
+    floor = gradient_floor(eager)
+    for name in eager:
+        assert relative(graph[name], eager[name], floor) < 2e-2, name
+
+
+def test_state_dict_round_trip():
+    model = make_model()
+    keys = list(model.state_dict().keys())
+    fusekit.torch.patch(model)
+    assert list(model.state_dict().keys()) == keys
+    other = make_model(seed=9)
+    other.load_state_dict(model.state_dict())  # patched -> unpatched
+    batch = make_batch()
+    fusekit.torch.patch(other)
+    model.eval()
+    other.eval()
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, other(**batch).logits)
+    fresh = make_model(seed=11)
+    fusekit.torch.patch(fresh)
+    fresh.load_state_dict(other.state_dict())  # patched -> patched
+    fresh.eval()
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, fresh(**batch).logits)
+
+
+def test_left_padding_stops_with_a_device_assert():
+    code = (
+        "import torch, transformers, fusekit.torch\n"
+        "c = transformers.BertConfig(num_hidden_layers=1)\n"
+        "m = transformers.BertForMaskedLM(c).cuda()\n"
+        "fusekit.torch.patch(m)\n"
+        "ids = torch.ones(2, 16, dtype=torch.long, device='cuda')\n"
+        "mask = torch.ones(2, 16, dtype=torch.long, device='cuda'); mask[1, :4] = 0\n"
+        "with torch.autocast('cuda', dtype=torch.float16):\n"
+        "    m(input_ids=ids, attention_mask=mask).logits.sum().item()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ),
+                            timeout=300)
+    assert result.returncode != 0
+    assert "key padding on the right" in result.stderr or "device-side assert" in result.stderr, \
+        result.stderr[-2000:]

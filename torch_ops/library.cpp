@@ -1,0 +1,49 @@
+// The schemas of fusekit's torch.ops (namespace `fusekit`): forward and backward of each fused
+// operator as separate ops. The CUDA implementations are in one file per operator (same name as in
+// kernels/); autograd formulas and fake (shape-only) implementations are registered by the Python
+// package (python/fusekit/ops.py), which is also what users call.
+//
+// Conventions shared by every op:
+// - Tensors are CUDA, contiguous, of one storage type (float32, float16, bfloat16) unless stated;
+//   row-wise ops take x of shape [..., C] as rows = x.numel() / C rows of C.
+// - mean, rstd, lse and other saved statistics are float32.
+// - A dropout takes p and `philox`: an int64 CPU tensor (seed, offset) that the Python side draws
+//   from PyTorch's generator; the backward takes the same tensor and regenerates the mask.
+#include <torch/library.h>
+
+TORCH_LIBRARY(fusekit, m) {
+  m.def("layernorm(Tensor x, Tensor gamma, Tensor beta, float eps) -> (Tensor y, Tensor mean, Tensor rstd)");
+  m.def(
+      "layernorm_backward(Tensor dy, Tensor x, Tensor gamma, Tensor mean, Tensor rstd) -> (Tensor dx, Tensor dgamma, "
+      "Tensor dbeta)");
+  m.def("bias_gelu(Tensor x, Tensor bias, str approximate) -> Tensor");
+  m.def("bias_gelu_backward(Tensor dy, Tensor x, Tensor bias, str approximate) -> (Tensor dx, Tensor dbias)");
+  m.def(
+      "bias_dropout_residual_layernorm(Tensor x, Tensor bias, Tensor residual, Tensor gamma, Tensor beta, float p, "
+      "Tensor philox, float eps) -> (Tensor y, Tensor mean, Tensor rstd)");
+  m.def(
+      "bias_dropout_residual_layernorm_backward(Tensor dy, Tensor x, Tensor bias, Tensor residual, Tensor gamma, "
+      "Tensor mean, Tensor rstd, float p, Tensor philox) -> (Tensor dx, Tensor dresidual, Tensor dbias, Tensor dgamma, "
+      "Tensor dbeta)");
+  m.def(
+      "embedding_layernorm(Tensor word_ids, Tensor position_ids, Tensor token_type_ids, Tensor word, Tensor position, "
+      "Tensor token_type, Tensor gamma, Tensor beta, float p, Tensor philox, float eps, int padding_idx) -> (Tensor y, "
+      "Tensor mean, Tensor rstd)");
+  m.def(
+      "embedding_layernorm_backward(Tensor dy, Tensor word_ids, Tensor position_ids, Tensor token_type_ids, "
+      "Tensor word, Tensor position, Tensor token_type, Tensor gamma, Tensor mean, Tensor rstd, float p, "
+      "Tensor philox, int padding_idx) -> (Tensor dword, Tensor dposition, Tensor dtoken_type, Tensor dgamma, Tensor "
+      "dbeta)");
+  m.def("bert_attention(Tensor qkv, Tensor lengths, float scale, float p, Tensor philox) -> (Tensor out, Tensor lse)");
+  m.def(
+      "bert_attention_backward(Tensor dout, Tensor qkv, Tensor lengths, Tensor out, Tensor lse, float scale, "
+      "float p, Tensor philox) -> Tensor dqkv");
+  m.def(
+      "cross_entropy(Tensor logits, Tensor labels, int ignore_index, float label_smoothing) -> (Tensor loss, "
+      "Tensor lse, Tensor valid)");
+  m.def(
+      "cross_entropy_backward(Tensor dloss, Tensor logits, Tensor labels, Tensor lse, Tensor valid, int ignore_index, "
+      "float label_smoothing) -> Tensor dlogits");
+  m.def("softmax(Tensor x, float scale, str mask, Tensor? lengths) -> Tensor y");
+  m.def("softmax_backward(Tensor y, Tensor dy, float scale) -> Tensor dx");
+}
