@@ -385,10 +385,45 @@ int gate(const GateOptions& o) {
   if (!(o.alpha > 0 && o.alpha < 1)) throw std::invalid_argument("--alpha must be between 0 and 1");
   options.alpha = o.alpha;
   options.min_samples = static_cast<size_t>(o.min_samples);
-  OpenedRun baseline = open_run(o.baseline);
+  const int ways = (o.baseline.run > 0) + (o.baseline_runs > 0) + !o.baseline_commit.empty();
+  if (ways > 1) {
+    throw std::invalid_argument(
+        "--baseline-run, --baseline-runs and --baseline-commit each choose the baseline: give one");
+  }
   OpenedRun candidate = open_run(o.candidate);
-  auto result = reports::run_gate(reports::load_case_results(baseline.store, baseline.run),
-                                  reports::load_case_results(candidate.store, candidate.run), options);
+  OpenedRun baseline = open_run(o.baseline);
+  std::vector<reports::CaseResult> baseline_cases;
+  std::string baseline_text;
+  if (o.baseline_runs > 0 || !o.baseline_commit.empty()) {
+    const std::vector<store::RunInfo> runs = baseline.store.runs();
+    std::vector<int64_t> ids;
+    if (!o.baseline_commit.empty()) {
+      const int64_t id = reports::run_of_commit(runs, o.baseline_commit);
+      if (id == 0) throw std::runtime_error("no finished run at commit " + o.baseline_commit + " in " + o.baseline.db);
+      ids = {id};
+      baseline_text = "baseline: run " + std::to_string(id) + " of " + o.baseline.db + " (commit " +
+                      baseline.store.run(id).git_commit + ")\n";
+    } else {
+      const std::string gpu = candidate.store.run(candidate.run).gpu_name;
+      const bool same_store = o.baseline.db == o.candidate.db;
+      ids = reports::history_runs(runs, gpu, static_cast<size_t>(o.baseline_runs), same_store ? candidate.run : 0);
+      if (ids.empty()) {
+        throw std::runtime_error("no finished run on the candidate's GPU ('" + gpu + "') in " + o.baseline.db +
+                                 (same_store ? " other than the candidate" : ""));
+      }
+      baseline_text = "baseline: " + std::to_string(ids.size()) + " run(s) of " + o.baseline.db + " on '" + gpu +
+                      "', samples pooled (runs";
+      for (int64_t id : ids) baseline_text += " " + std::to_string(id);
+      baseline_text += ")\n";
+    }
+    std::vector<std::vector<reports::CaseResult>> per_run;
+    for (int64_t id : ids) per_run.push_back(reports::load_case_results(baseline.store, id));
+    baseline_cases = reports::pool_case_results(per_run);
+    baseline.run = ids.back();  // the kernels of the newest of them
+  } else {
+    baseline_cases = reports::load_case_results(baseline.store, baseline.run);
+  }
+  auto result = reports::run_gate(baseline_cases, reports::load_case_results(candidate.store, candidate.run), options);
   // The kernels of each case's repetitions: on request, and for the Markdown's regressed cases.
   if (o.kernels || (result.any_regression() && !o.markdown_output.empty())) {
     std::set<reports::CaseKey> keys;
@@ -403,8 +438,10 @@ int gate(const GateOptions& o) {
         reports::gate_kernels(result, repetition_kernels(baseline), repetition_kernels(candidate), options);
     result.kernel_rows_requested = o.kernels;
   }
-  std::cout << reports::gate_table_text(result);
-  if (!o.markdown_output.empty()) write_output(o.markdown_output, reports::gate_table_markdown(result));
+  std::cout << baseline_text << reports::gate_table_text(result);
+  if (!o.markdown_output.empty())
+    write_output(o.markdown_output,
+                 (baseline_text.empty() ? "" : baseline_text + "\n") + reports::gate_table_markdown(result));
   if (result.rows.empty()) throw std::runtime_error("no case is present in both runs; nothing to gate");
   if (result.any_regression()) return 1;
   // A case with too few samples was not tested: without --allow-too-few-samples that is no pass.

@@ -102,6 +102,8 @@ int index(const IndexOptions& o);
 
 struct GateOptions {
   RunSelection baseline;
+  int baseline_runs = 0;        // > 0: pool the newest N runs of the baseline store on the candidate's GPU
+  std::string baseline_commit;  // the newest run of the baseline store at this commit
   RunSelection candidate;
   std::string threshold = "5%";
   double alpha = 0.01;

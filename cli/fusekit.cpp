@@ -161,6 +161,13 @@ int main(int argc, char** argv) {
   gate_cmd->add_option("--baseline", gate_options.baseline.db, "Baseline store")->required();
   gate_cmd->add_option("--baseline-run", gate_options.baseline.run, "Baseline run id (default: latest)")
       ->check(CLI::PositiveNumber);
+  gate_cmd
+      ->add_option("--baseline-runs", gate_options.baseline_runs,
+                   "History baseline: pool the samples of the N newest finished runs of --baseline on the "
+                   "candidate's GPU")
+      ->check(CLI::Range(1, 10000));
+  gate_cmd->add_option("--baseline-commit", gate_options.baseline_commit,
+                       "Baseline: the newest finished run of --baseline at this commit (a prefix of 7+ digits)");
   gate_cmd->add_option("--candidate", gate_options.candidate.db, "Candidate store")->required();
   gate_cmd->add_option("--candidate-run", gate_options.candidate.run, "Candidate run id (default: latest)")
       ->check(CLI::PositiveNumber);

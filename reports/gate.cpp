@@ -1,8 +1,10 @@
 #include "reports/gate.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <utility>
@@ -89,6 +91,60 @@ MannWhitneyResult mann_whitney_u(const std::vector<double>& a, const std::vector
   const double z = (u_larger - n1 * n2 / 2 - 0.5) / sigma;
   result.p_value = std::min(1.0, std::erfc(z / std::sqrt(2.0)));
   return result;
+}
+
+std::vector<CaseResult> pool_case_results(const std::vector<std::vector<CaseResult>>& runs) {
+  std::vector<CaseResult> pooled;
+  std::map<std::pair<std::string, std::string>, size_t> index;
+  for (const std::vector<CaseResult>& run : runs) {
+    for (const CaseResult& c : run) {
+      const auto key = std::make_pair(c.info.name, c.info.variant);
+      const auto [it, inserted] = index.emplace(key, pooled.size());
+      if (inserted) {
+        pooled.push_back(c);
+        continue;
+      }
+      CaseResult& into = pooled[it->second];
+      std::vector<double> samples = std::move(into.samples_ns);
+      samples.insert(samples.end(), c.samples_ns.begin(), c.samples_ns.end());
+      into = c;  // the newest run's info, metrics and derived numbers
+      into.samples_ns = std::move(samples);
+    }
+  }
+  for (CaseResult& c : pooled) {
+    if (c.samples_ns.empty()) continue;
+    const double median = quantile(c.samples_ns, 0.5);
+    if (c.bandwidth_bytes_per_s) *c.bandwidth_bytes_per_s *= c.median_ns / median;
+    if (c.flops_per_s) *c.flops_per_s *= c.median_ns / median;
+    c.median_ns = median;
+    c.q1_ns = quantile(c.samples_ns, 0.25);
+    c.q3_ns = quantile(c.samples_ns, 0.75);
+    c.min_ns = quantile(c.samples_ns, 0.0);
+    c.max_ns = quantile(c.samples_ns, 1.0);
+  }
+  return pooled;
+}
+
+std::vector<int64_t> history_runs(const std::vector<store::RunInfo>& runs, const std::string& gpu_name, size_t count,
+                                  int64_t exclude) {
+  std::vector<int64_t> chosen;
+  for (auto it = runs.rbegin(); it != runs.rend() && chosen.size() < count; ++it) {
+    if (it->id != exclude && it->status == "ok" && it->gpu_name == gpu_name) chosen.push_back(it->id);
+  }
+  std::sort(chosen.begin(), chosen.end());
+  return chosen;
+}
+
+int64_t run_of_commit(const std::vector<store::RunInfo>& runs, const std::string& commit) {
+  const bool hex =
+      std::all_of(commit.begin(), commit.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
+  if (commit.size() < 7 || commit.size() > 40 || !hex) {
+    throw std::invalid_argument("a commit is 7 to 40 hexadecimal digits, not '" + commit + "'");
+  }
+  for (auto it = runs.rbegin(); it != runs.rend(); ++it) {
+    if (it->status == "ok" && it->git_commit.compare(0, commit.size(), commit) == 0) return it->id;
+  }
+  return 0;
 }
 
 bool GateResult::any_regression() const {

@@ -12,6 +12,7 @@
 
 #include "reports/case_kernels.h"
 #include "reports/run_report.h"
+#include "store/run_records.h"
 
 namespace fusekit::reports {
 
@@ -73,6 +74,24 @@ struct GateResult {
   bool kernel_rows_requested = false;  // the writers show every kernel row, not only the regressed cases' top 3
   bool any_regression() const;
 };
+
+// ---- Baselines beyond one run
+// A baseline pooled from several runs of a history store: per (name, variant) the samples of every
+// run that timed it, oldest run first, with the newest run's case info and statistics recomputed
+// from the pooled samples. Against the recent history of a GPU rather than one run, the run-to-run
+// spread (clocks, temperature, the machine a CI job landed on) becomes part of the baseline's
+// spread, so that one quick or slow baseline run does not decide the gate.
+std::vector<CaseResult> pool_case_results(const std::vector<std::vector<CaseResult>>& runs);
+
+// The runs a history baseline takes: the `count` newest runs of `runs` that finished ("ok") on
+// a GPU named `gpu_name`, other than `exclude` (the candidate, where it lives in the same store);
+// oldest first. Fewer where fewer exist.
+std::vector<int64_t> history_runs(const std::vector<store::RunInfo>& runs, const std::string& gpu_name, size_t count,
+                                  int64_t exclude);
+
+// The newest finished run whose commit starts with `commit` (at least 7 hexadecimal digits), or
+// 0 where none does; std::invalid_argument for a commit that is not such a prefix.
+int64_t run_of_commit(const std::vector<store::RunInfo>& runs, const std::string& commit);
 
 // Matches cases by (info.name, info.variant).
 GateResult run_gate(const std::vector<CaseResult>& baseline, const std::vector<CaseResult>& candidate,

@@ -74,6 +74,25 @@ check_code 0 "gate: improvement is not a regression" "$FUSEKIT" gate --baseline 
 # make_test_store writes 30 samples a case: with 40 required nothing is tested, which is no pass.
 check_code 1 "gate: too few samples is not a pass" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/same.db" --min-samples 40
 check "it says which were not tested" grep -q "2 of 2 cases have fewer than 40 samples on a side and were not tested" "$work/last.out"
+# History baselines: a store of several runs on one GPU (and one on another), and the candidate.
+for seed in 11 12 13; do MAKE_TEST_STORE_GPU="GPU A" MAKE_TEST_STORE_COMMIT="abcdef0$seed" "$MAKE_STORE" "$work/history.db" 1000 500 "$seed" || exit 1; done
+MAKE_TEST_STORE_GPU="GPU B" "$MAKE_STORE" "$work/history.db" 1000 200 14 || exit 1
+MAKE_TEST_STORE_GPU="GPU A" "$MAKE_STORE" "$work/candidate.db" 1000 650 15 || exit 1
+check_code 1 "gate --baseline-runs: 30% slower than the history" "$FUSEKIT" gate --baseline "$work/history.db" \
+  --baseline-runs 5 --candidate "$work/candidate.db"
+check "it pooled the three runs of the candidate's GPU" grep -q "baseline: 3 run(s) of .* on 'GPU A', samples pooled (runs 1 2 3)" "$work/last.out"
+check_code 1 "gate --baseline-commit" "$FUSEKIT" gate --baseline "$work/history.db" --baseline-commit abcdef012 \
+  --candidate "$work/candidate.db"
+check "it took that commit's run" grep -q "baseline: run 2 of" "$work/last.out"
+check_code 1 "gate --baseline-commit of no run" "$FUSEKIT" gate --baseline "$work/history.db" --baseline-commit 1234567 \
+  --candidate "$work/candidate.db"
+check "no run at that commit, said" grep -q "no finished run at commit 1234567" "$work/last.out"
+check_code 2 "gate: two ways to choose the baseline" "$FUSEKIT" gate --baseline "$work/history.db" --baseline-run 1 \
+  --baseline-runs 2 --candidate "$work/candidate.db"
+MAKE_TEST_STORE_GPU="GPU C" "$MAKE_STORE" "$work/other.db" 1000 500 16 || exit 1
+check_code 1 "gate --baseline-runs with no run of the GPU" "$FUSEKIT" gate --baseline "$work/history.db" \
+  --baseline-runs 3 --candidate "$work/other.db"
+check "no run of that GPU, said" grep -q "no finished run on the candidate's GPU ('GPU C')" "$work/last.out"
 check_code 0 "gate: too few samples allowed" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/same.db" --min-samples 40 --allow-too-few-samples
 check_code 1 "no such run" "$FUSEKIT" summary --db "$work/a.db" --run 7
 check "index" "$FUSEKIT" index -o "$work/index.html" "a.html=$work/a.db" "slow.html=$work/slow.db"

@@ -458,5 +458,76 @@ TEST(GateKernels, CaseWithoutRepRangesSaysSo) {
   EXPECT_NE(gate_table_markdown(g).find("no rep ranges in the baseline\n"), std::string::npos);
 }
 
+// ---- Baselines beyond one run
+
+TEST(GateHistory, PoolingJoinsEachCasesSamplesAcrossRuns) {
+  CaseResult old_ln = make_case("ln", "fused", {10, 11, 12});
+  old_ln.info.bytes = 1;
+  CaseResult new_ln = make_case("ln", "fused", {20, 21});
+  new_ln.info.bytes = 2;
+  new_ln.bandwidth_bytes_per_s = 1.0 / 20.5;  // bytes / median of this run alone
+  const std::vector<CaseResult> pooled =
+      pool_case_results({{old_ln, make_case("old only", "fused", {5, 5, 5})}, {new_ln}});
+  ASSERT_EQ(pooled.size(), 2u);
+  EXPECT_EQ(pooled[0].info.name, "ln");
+  EXPECT_EQ(pooled[0].info.bytes, 2u);  // the newest run's info
+  EXPECT_EQ(pooled[0].samples_ns, (std::vector<double>{10, 11, 12, 20, 21}));
+  EXPECT_DOUBLE_EQ(pooled[0].median_ns, 12);
+  EXPECT_DOUBLE_EQ(pooled[0].min_ns, 10);
+  EXPECT_DOUBLE_EQ(pooled[0].max_ns, 21);
+  EXPECT_DOUBLE_EQ(*pooled[0].bandwidth_bytes_per_s, 1.0 / 12);  // rescaled to the pooled median
+  EXPECT_EQ(pooled[1].samples_ns.size(), 3u);
+}
+
+TEST(GateHistory, APooledBaselineAbsorbsOneQuickRun) {
+  // One run at 100 us (a quick machine) and four at 106 us: a candidate at 106 us regresses against
+  // the quick run alone, and not against the pooled history, whose median is the usual 106 us.
+  std::mt19937 rng(11);
+  std::vector<std::vector<CaseResult>> runs;
+  for (double median : {100e3, 106e3, 106e3, 106e3, 106e3}) {
+    runs.push_back({make_case("gelu", "fused", noisy_samples(rng, median, 0.005, 20))});
+  }
+  const CaseResult candidate = make_case("gelu", "fused", noisy_samples(rng, 106e3, 0.005, 20));
+  EXPECT_EQ(run_gate(runs[0], {candidate}, GateOptions{}).rows[0].verdict, Verdict::regressed);
+  EXPECT_EQ(run_gate(pool_case_results(runs), {candidate}, GateOptions{}).rows[0].verdict, Verdict::unchanged);
+  EXPECT_EQ(pool_case_results(runs)[0].samples_ns.size(), 100u);
+}
+
+std::vector<store::RunInfo> history() {
+  std::vector<store::RunInfo> runs;
+  const auto add = [&](const char* gpu, const char* status, const char* commit) {
+    store::RunInfo r;
+    r.id = static_cast<int64_t>(runs.size()) + 1;
+    r.gpu_name = gpu;
+    r.status = status;
+    r.git_commit = commit;
+    runs.push_back(r);
+  };
+  add("H100", "ok", "aaaaaaa1111");     // 1
+  add("A100", "ok", "bbbbbbb2222");     // 2
+  add("H100", "failed", "ccccccc333");  // 3
+  add("H100", "ok", "ddddddd4444");     // 4
+  add("H100", "ok", "aaaaaaa5555");     // 5
+  add("H100", "ok", "eeeeeee6666");     // 6: the candidate, say
+  return runs;
+}
+
+TEST(GateHistory, HistoryRunsAreTheNewestFinishedOnesOfTheGpu) {
+  EXPECT_EQ(history_runs(history(), "H100", 3, 6), (std::vector<int64_t>{1, 4, 5}));
+  EXPECT_EQ(history_runs(history(), "H100", 2, 0), (std::vector<int64_t>{5, 6}));
+  EXPECT_EQ(history_runs(history(), "H100", 10, 6), (std::vector<int64_t>{1, 4, 5}));
+  EXPECT_EQ(history_runs(history(), "A100", 10, 0), (std::vector<int64_t>{2}));
+  EXPECT_TRUE(history_runs(history(), "L4", 10, 0).empty());
+}
+
+TEST(GateHistory, RunOfCommitTakesTheNewestFinishedMatch) {
+  EXPECT_EQ(run_of_commit(history(), "aaaaaaa"), 5);
+  EXPECT_EQ(run_of_commit(history(), "aaaaaaa1"), 1);
+  EXPECT_EQ(run_of_commit(history(), "ccccccc"), 0);  // that run failed
+  EXPECT_EQ(run_of_commit(history(), "fffffff"), 0);
+  EXPECT_THROW(run_of_commit(history(), "aaaa"), std::invalid_argument);
+  EXPECT_THROW(run_of_commit(history(), "main~1x"), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace fusekit::reports

@@ -82,6 +82,9 @@ int main(int argc, char** argv) {
     store::RunInfo info;
     info.label = "synthetic";
     info.command_line = "make_test_store";
+    // A store may hold several runs (a history); these set what tells them apart.
+    if (const char* gpu = std::getenv("MAKE_TEST_STORE_GPU")) info.gpu_name = gpu;
+    if (const char* commit = std::getenv("MAKE_TEST_STORE_COMMIT")) info.git_commit = commit;
     const int64_t run = store.begin_run(info);
     std::mt19937 rng(static_cast<unsigned>(std::atoi(argv[4])));
     std::normal_distribution<double> noise(0.0, 0.01);
