@@ -7,11 +7,22 @@ of the library's CUDA ops.
 
 Dropout: each call with p > 0 draws its Philox (seed, offset) from PyTorch's CPU generator, so
 torch.manual_seed makes runs reproducible; the backward regenerates the same mask from them.
+
+Autograd: FUSEKIT_TORCH_AUTOGRAD=python (the default) registers the formulas below with
+torch.library; =cpp registers the same formulas written in C++ (torch_ops/autograd.cpp), which
+spare each call the Python work. An op takes one of the two for the life of the process.
 """
+
+import ctypes
+import os
 
 import torch
 
 from fusekit.library import find_library, missing
+
+AUTOGRAD = os.environ.get("FUSEKIT_TORCH_AUTOGRAD", "python")
+if AUTOGRAD not in ("python", "cpp"):
+    raise ImportError(f"fusekit.ops: FUSEKIT_TORCH_AUTOGRAD must be python or cpp, not {AUTOGRAD!r}")
 
 _path = find_library()
 if _path is None:
@@ -118,6 +129,15 @@ def _(y, dy, scale):
 # ---- autograd: each forward op's backward is its _backward op
 
 
+def _register_autograd(name, backward, setup_context):
+    if AUTOGRAD == "python":
+        torch.library.register_autograd(name, backward, setup_context=setup_context)
+
+
+if AUTOGRAD == "cpp":
+    ctypes.CDLL(_path).fusekit_enable_cpp_autograd()
+
+
 def _layernorm_setup(ctx, inputs, output):
     x, gamma, beta, eps = inputs
     y, mean, rstd = output
@@ -131,7 +151,7 @@ def _layernorm_backward(ctx, dy, _dmean, _drstd):
     return dx, dgamma, dbeta, None
 
 
-torch.library.register_autograd("fusekit::layernorm", _layernorm_backward, setup_context=_layernorm_setup)
+_register_autograd("fusekit::layernorm", _layernorm_backward, setup_context=_layernorm_setup)
 
 
 def _bias_gelu_setup(ctx, inputs, output):
@@ -146,7 +166,7 @@ def _bias_gelu_backward(ctx, dy):
     return dx, dbias, None
 
 
-torch.library.register_autograd("fusekit::bias_gelu", _bias_gelu_backward, setup_context=_bias_gelu_setup)
+_register_autograd("fusekit::bias_gelu", _bias_gelu_backward, setup_context=_bias_gelu_setup)
 
 
 def _bdrl_setup(ctx, inputs, output):
@@ -164,7 +184,7 @@ def _bdrl_backward(ctx, dy, _dmean, _drstd):
     return dx, dbias, dresidual, dgamma, dbeta, None, None, None
 
 
-torch.library.register_autograd("fusekit::bias_dropout_residual_layernorm", _bdrl_backward, setup_context=_bdrl_setup)
+_register_autograd("fusekit::bias_dropout_residual_layernorm", _bdrl_backward, setup_context=_bdrl_setup)
 
 
 def _embedding_setup(ctx, inputs, output):
@@ -184,7 +204,7 @@ def _embedding_backward(ctx, dy, _dmean, _drstd):
     return None, None, None, dword, dposition, dtoken_type, dgamma, dbeta, None, None, None, None
 
 
-torch.library.register_autograd("fusekit::embedding_layernorm", _embedding_backward, setup_context=_embedding_setup)
+_register_autograd("fusekit::embedding_layernorm", _embedding_backward, setup_context=_embedding_setup)
 
 
 def _attention_setup(ctx, inputs, output):
@@ -201,7 +221,7 @@ def _attention_backward(ctx, dout, _dlse):
     return dqkv, None, None, None, None
 
 
-torch.library.register_autograd("fusekit::bert_attention", _attention_backward, setup_context=_attention_setup)
+_register_autograd("fusekit::bert_attention", _attention_backward, setup_context=_attention_setup)
 
 
 def _cross_entropy_setup(ctx, inputs, output):
@@ -219,7 +239,7 @@ def _cross_entropy_backward(ctx, dloss, _dlse, _dvalid):
     return dlogits, None, None, None
 
 
-torch.library.register_autograd("fusekit::cross_entropy", _cross_entropy_backward, setup_context=_cross_entropy_setup)
+_register_autograd("fusekit::cross_entropy", _cross_entropy_backward, setup_context=_cross_entropy_setup)
 
 
 def _softmax_setup(ctx, inputs, output):
@@ -233,7 +253,7 @@ def _softmax_backward(ctx, dy):
     return _ops.softmax_backward(y, dy.contiguous(), ctx.scale), None, None, None
 
 
-torch.library.register_autograd("fusekit::softmax", _softmax_backward, setup_context=_softmax_setup)
+_register_autograd("fusekit::softmax", _softmax_backward, setup_context=_softmax_setup)
 
 
 # ---- what users call

@@ -1,0 +1,271 @@
+// Autograd for fusekit's torch.ops in C++ (torch::autograd::Function), the alternative to the
+// Python formulas that python/fusekit/ops.py registers with torch.library: the same math (each
+// forward op's backward is its _backward op, the statistics it saved are not differentiable), with
+// none of the Python work per call. Registered at the Autograd dispatch key only when
+// fusekit_enable_cpp_autograd() is called (ops.py does, under FUSEKIT_TORCH_AUTOGRAD=cpp): an op
+// takes one autograd formula, and which one is chosen at load time, so both can be measured.
+//
+// Each formula calls the ops through the dispatcher below autograd, so under torch.compile's fake
+// tensors it reaches the fake implementations, as the Python formulas do.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+
+namespace fusekit::torch_ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using Tensor5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+template <typename Signature>
+c10::TypedOperatorHandle<Signature> op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
+
+at::Tensor contiguous(const at::Tensor& t) { return t.contiguous(); }
+
+struct LayerNorm : torch::autograd::Function<LayerNorm> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gamma,
+                               const at::Tensor& beta, double eps) {
+    static const auto forward_op =
+        op<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>("fusekit::layernorm");
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [y, mean, rstd] = forward_op.call(x, gamma, beta, eps);
+    ctx->save_for_backward({x, gamma, mean, rstd});
+    ctx->mark_non_differentiable({mean, rstd});
+    return {y, mean, rstd};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto backward_op =
+        op<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+            "fusekit::layernorm_backward");
+    const variable_list s = ctx->get_saved_variables();
+    auto [dx, dgamma, dbeta] = backward_op.call(contiguous(grads[0]), s[0], s[1], s[2], s[3]);
+    return {dx, dgamma, dbeta, at::Tensor()};
+  }
+};
+
+struct BiasGelu : torch::autograd::Function<BiasGelu> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& bias,
+                               const std::string& approximate) {
+    static const auto forward_op =
+        op<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>("fusekit::bias_gelu");
+    at::AutoDispatchBelowADInplaceOrView below;
+    at::Tensor y = forward_op.call(x, bias, approximate);
+    ctx->save_for_backward({x, bias});
+    ctx->saved_data["approximate"] = approximate;
+    return {y};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto backward_op = op<std::tuple<at::Tensor, at::Tensor>(
+        const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view)>("fusekit::bias_gelu_backward");
+    const variable_list s = ctx->get_saved_variables();
+    auto [dx, dbias] = backward_op.call(contiguous(grads[0]), s[0], s[1], ctx->saved_data["approximate"].toStringRef());
+    return {dx, dbias, at::Tensor()};
+  }
+};
+
+struct BiasDropoutResidualLayerNorm : torch::autograd::Function<BiasDropoutResidualLayerNorm> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& bias,
+                               const at::Tensor& residual, const at::Tensor& gamma, const at::Tensor& beta, double p,
+                               const at::Tensor& philox, double eps) {
+    static const auto forward_op =
+        op<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                   double, const at::Tensor&, double)>("fusekit::bias_dropout_residual_layernorm");
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [y, mean, rstd] = forward_op.call(x, bias, residual, gamma, beta, p, philox, eps);
+    ctx->save_for_backward({x, bias, residual, gamma, mean, rstd, philox});
+    ctx->mark_non_differentiable({mean, rstd});
+    ctx->saved_data["p"] = p;
+    return {y, mean, rstd};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto backward_op =
+        op<Tensor5(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                   const at::Tensor&, const at::Tensor&, double, const at::Tensor&)>(
+            "fusekit::bias_dropout_residual_layernorm_backward");
+    const variable_list s = ctx->get_saved_variables();
+    auto [dx, dresidual, dbias, dgamma, dbeta] = backward_op.call(contiguous(grads[0]), s[0], s[1], s[2], s[3], s[4],
+                                                                  s[5], ctx->saved_data["p"].toDouble(), s[6]);
+    return {dx, dbias, dresidual, dgamma, dbeta, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct EmbeddingLayerNorm : torch::autograd::Function<EmbeddingLayerNorm> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& word_ids, const at::Tensor& position_ids,
+                               const at::Tensor& token_type_ids, const at::Tensor& word, const at::Tensor& position,
+                               const at::Tensor& token_type, const at::Tensor& gamma, const at::Tensor& beta, double p,
+                               const at::Tensor& philox, double eps, int64_t padding_idx) {
+    static const auto forward_op =
+        op<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                   const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const at::Tensor&, double,
+                   int64_t)>("fusekit::embedding_layernorm");
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [y, mean, rstd] = forward_op.call(word_ids, position_ids, token_type_ids, word, position, token_type, gamma,
+                                           beta, p, philox, eps, padding_idx);
+    ctx->save_for_backward(
+        {word_ids, position_ids, token_type_ids, word, position, token_type, gamma, mean, rstd, philox});
+    ctx->mark_non_differentiable({mean, rstd});
+    ctx->saved_data["p"] = p;
+    ctx->saved_data["padding_idx"] = padding_idx;
+    return {y, mean, rstd};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto backward_op =
+        op<Tensor5(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                   const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                   double, const at::Tensor&, int64_t)>("fusekit::embedding_layernorm_backward");
+    const variable_list s = ctx->get_saved_variables();
+    auto [dword, dposition, dtoken_type, dgamma, dbeta] =
+        backward_op.call(contiguous(grads[0]), s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8],
+                         ctx->saved_data["p"].toDouble(), s[9], ctx->saved_data["padding_idx"].toInt());
+    const at::Tensor none;
+    return {none, none, none, dword, dposition, dtoken_type, dgamma, dbeta, none, none, none, none};
+  }
+};
+
+struct BertAttention : torch::autograd::Function<BertAttention> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& qkv, const at::Tensor& lengths, double scale,
+                               double p, const at::Tensor& philox) {
+    static const auto forward_op =
+        op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, double, double, const at::Tensor&)>(
+            "fusekit::bert_attention");
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [out, lse] = forward_op.call(qkv, lengths, scale, p, philox);
+    ctx->save_for_backward({qkv, lengths, out, lse, philox});
+    ctx->mark_non_differentiable({lse});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["p"] = p;
+    return {out, lse};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto backward_op =
+        op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      double, double, const at::Tensor&)>("fusekit::bert_attention_backward");
+    const variable_list s = ctx->get_saved_variables();
+    at::Tensor dqkv = backward_op.call(contiguous(grads[0]), s[0], s[1], s[2], s[3],
+                                       ctx->saved_data["scale"].toDouble(), ctx->saved_data["p"].toDouble(), s[4]);
+    const at::Tensor none;
+    return {dqkv, none, none, none, none};
+  }
+};
+
+struct CrossEntropy : torch::autograd::Function<CrossEntropy> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& labels,
+                               int64_t ignore_index, double label_smoothing) {
+    static const auto forward_op =
+        op<Tensor3(const at::Tensor&, const at::Tensor&, int64_t, double)>("fusekit::cross_entropy");
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [loss, lse, valid] = forward_op.call(logits, labels, ignore_index, label_smoothing);
+    ctx->save_for_backward({logits, labels, lse, valid});
+    ctx->mark_non_differentiable({lse, valid});
+    ctx->saved_data["ignore_index"] = ignore_index;
+    ctx->saved_data["label_smoothing"] = label_smoothing;
+    return {loss, lse, valid};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto backward_op =
+        op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      int64_t, double)>("fusekit::cross_entropy_backward");
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor dloss = grads[0].to(at::kFloat).reshape({1}).contiguous();
+    at::Tensor dlogits = backward_op.call(dloss, s[0], s[1], s[2], s[3], ctx->saved_data["ignore_index"].toInt(),
+                                          ctx->saved_data["label_smoothing"].toDouble());
+    const at::Tensor none;
+    return {dlogits, none, none, none};
+  }
+};
+
+struct Softmax : torch::autograd::Function<Softmax> {
+  // lengths: undefined where the schema's optional is absent.
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, double scale, const std::string& mask,
+                               const at::Tensor& lengths) {
+    static const auto forward_op =
+        op<at::Tensor(const at::Tensor&, double, c10::string_view, const std::optional<at::Tensor>&)>(
+            "fusekit::softmax");
+    at::AutoDispatchBelowADInplaceOrView below;
+    at::Tensor y = forward_op.call(
+        x, scale, mask, lengths.defined() ? std::optional<at::Tensor>(lengths) : std::optional<at::Tensor>());
+    ctx->save_for_backward({y});
+    ctx->saved_data["scale"] = scale;
+    return {y};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto backward_op =
+        op<at::Tensor(const at::Tensor&, const at::Tensor&, double)>("fusekit::softmax_backward");
+    const variable_list s = ctx->get_saved_variables();
+    at::Tensor dx = backward_op.call(s[0], contiguous(grads[0]), ctx->saved_data["scale"].toDouble());
+    const at::Tensor none;
+    return {dx, none, none, none};
+  }
+};
+
+// ---- the kernels registered at the Autograd key: the schemas' signatures
+
+Tensor3 layernorm(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta, double eps) {
+  const variable_list out = LayerNorm::apply(x, gamma, beta, eps);
+  return {out[0], out[1], out[2]};
+}
+
+at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, c10::string_view approximate) {
+  return BiasGelu::apply(x, bias, std::string(approximate.data(), approximate.size()))[0];
+}
+
+Tensor3 bias_dropout_residual_layernorm(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& residual,
+                                        const at::Tensor& gamma, const at::Tensor& beta, double p,
+                                        const at::Tensor& philox, double eps) {
+  const variable_list out = BiasDropoutResidualLayerNorm::apply(x, bias, residual, gamma, beta, p, philox, eps);
+  return {out[0], out[1], out[2]};
+}
+
+Tensor3 embedding_layernorm(const at::Tensor& word_ids, const at::Tensor& position_ids,
+                            const at::Tensor& token_type_ids, const at::Tensor& word, const at::Tensor& position,
+                            const at::Tensor& token_type, const at::Tensor& gamma, const at::Tensor& beta, double p,
+                            const at::Tensor& philox, double eps, int64_t padding_idx) {
+  const variable_list out = EmbeddingLayerNorm::apply(word_ids, position_ids, token_type_ids, word, position,
+                                                      token_type, gamma, beta, p, philox, eps, padding_idx);
+  return {out[0], out[1], out[2]};
+}
+
+std::tuple<at::Tensor, at::Tensor> bert_attention(const at::Tensor& qkv, const at::Tensor& lengths, double scale,
+                                                  double p, const at::Tensor& philox) {
+  const variable_list out = BertAttention::apply(qkv, lengths, scale, p, philox);
+  return {out[0], out[1]};
+}
+
+Tensor3 cross_entropy(const at::Tensor& logits, const at::Tensor& labels, int64_t ignore_index,
+                      double label_smoothing) {
+  const variable_list out = CrossEntropy::apply(logits, labels, ignore_index, label_smoothing);
+  return {out[0], out[1], out[2]};
+}
+
+at::Tensor softmax(const at::Tensor& x, double scale, c10::string_view mask, const std::optional<at::Tensor>& lengths) {
+  return Softmax::apply(x, scale, std::string(mask.data(), mask.size()), lengths.value_or(at::Tensor()))[0];
+}
+
+}  // namespace
+}  // namespace fusekit::torch_ops
+
+// 1 the first time (the formulas are now registered), 0 after that.
+extern "C" int fusekit_enable_cpp_autograd() {
+  using namespace fusekit::torch_ops;
+  static std::unique_ptr<torch::Library> library;
+  if (library) return 0;
+  library =
+      std::make_unique<torch::Library>(torch::Library::IMPL, "fusekit", c10::DispatchKey::Autograd, __FILE__, __LINE__);
+  library->impl("layernorm", &layernorm);
+  library->impl("bias_gelu", &bias_gelu);
+  library->impl("bias_dropout_residual_layernorm", &bias_dropout_residual_layernorm);
+  library->impl("embedding_layernorm", &embedding_layernorm);
+  library->impl("bert_attention", &bert_attention);
+  library->impl("cross_entropy", &cross_entropy);
+  library->impl("softmax", &softmax);
+  return 1;
+}
