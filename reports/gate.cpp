@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <utility>
 
+#include "profiler/gpu_conditions.h"
 #include "profiler/summary.h"
 
 namespace fusekit::reports {
@@ -147,6 +150,96 @@ int64_t run_of_commit(const std::vector<store::RunInfo>& runs, const std::string
   return 0;
 }
 
+namespace {
+
+// The median over `cases` of metric `name`, or nullopt where no case has it.
+std::optional<double> median_metric(const std::vector<const CaseResult*>& cases, const std::string& name) {
+  std::vector<double> values;
+  for (const CaseResult* c : cases) {
+    if (const auto v = case_metric(*c, name)) values.push_back(*v);
+  }
+  if (values.empty()) return std::nullopt;
+  return quantile(values, 0.5);
+}
+
+std::optional<double> max_metric(const std::vector<const CaseResult*>& cases, const std::string& name) {
+  std::optional<double> most;
+  for (const CaseResult* c : cases) {
+    if (const auto v = case_metric(*c, name)) most = std::max(most.value_or(*v), *v);
+  }
+  return most;
+}
+
+// The throttling reasons of a case, at the start or end of its timed repetitions.
+uint64_t throttling_of(const CaseResult& c) {
+  uint64_t reasons = 0;
+  for (const char* point : {"start", "end"}) {
+    if (const auto v = case_metric(c, std::string("gpu.clocks_event_reasons.") + point)) {
+      reasons |= static_cast<uint64_t>(*v);
+    }
+  }
+  return reasons & profiler::clocks_event::throttling;
+}
+
+std::string number(double v, int decimals = 0) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%.*f", decimals, v);
+  return buffer;
+}
+
+}  // namespace
+
+void check_gpu_conditions(GateResult& result, const std::vector<CaseResult>& baseline,
+                          const std::vector<CaseResult>& candidate) {
+  std::map<std::pair<std::string, std::string>, const CaseResult*> baseline_by_key;
+  for (const CaseResult& c : baseline) baseline_by_key[{c.info.name, c.info.variant}] = &c;
+  std::vector<const CaseResult*> base, cand;
+  for (const CaseResult& c : candidate) {
+    const auto it = baseline_by_key.find({c.info.name, c.info.variant});
+    if (it == baseline_by_key.end()) continue;
+    base.push_back(it->second);
+    cand.push_back(&c);
+    std::string sides;
+    for (const auto& [side, which] : {std::pair{"baseline", it->second}, {"candidate", &c}}) {
+      if (const uint64_t reasons = throttling_of(*which)) {
+        sides += (sides.empty() ? "" : ", ") + std::string(side) + " (" + profiler::clocks_event_names(reasons) + ")";
+      }
+    }
+    if (!sides.empty()) result.throttled_cases.push_back(c.info.name + " [" + c.info.variant + "]: " + sides);
+  }
+  const auto compare = [&](const std::string& metric, const char* what, const char* unit, double limit, bool relative) {
+    const auto b = median_metric(base, metric), c = median_metric(cand, metric);
+    if (!b || !c) return;
+    const double apart = relative ? std::fabs(*c / *b - 1) : std::fabs(*c - *b);
+    if (!(apart > limit)) return;
+    result.condition_warnings.push_back(std::string(what) + ": baseline " + number(*b) + " " + unit + ", candidate " +
+                                        number(*c) + " " + unit +
+                                        " (median over the cases, at the end of their timing)");
+  };
+  compare("gpu.sm_clock_mhz.end", "SM clock", "MHz", 0.05, true);
+  compare("gpu.memory_clock_mhz.end", "memory clock", "MHz", 0.02, true);
+  compare("gpu.temperature_c.end", "temperature", "C", 15, false);
+  for (const auto& [side, cases] : {std::pair{"baseline", &base}, {"candidate", &cand}}) {
+    const auto others = max_metric(*cases, "gpu.other_processes.end");
+    const auto others_start = max_metric(*cases, "gpu.other_processes.start");
+    const double most = std::max(others.value_or(0), others_start.value_or(0));
+    if (most > 0) {
+      result.condition_warnings.push_back(std::string("other processes on the GPU during the ") + side +
+                                          "'s timing: up to " + number(most));
+    }
+  }
+  const bool base_has = median_metric(base, "gpu.sm_clock_mhz.end").has_value();
+  const bool cand_has = median_metric(cand, "gpu.sm_clock_mhz.end").has_value();
+  if (base_has != cand_has && !base.empty()) {
+    result.condition_warnings.push_back(std::string("GPU conditions were recorded for the ") +
+                                        (base_has ? "baseline" : "candidate") + " only: they cannot be compared");
+  }
+  if (!result.throttled_cases.empty()) {
+    result.condition_warnings.push_back(std::to_string(result.throttled_cases.size()) +
+                                        " case(s) timed while a GPU throttled (listed below the table)");
+  }
+}
+
 bool GateResult::any_regression() const {
   return std::any_of(rows.begin(), rows.end(), [](const GateRow& r) { return r.verdict == Verdict::regressed; });
 }
@@ -205,6 +298,7 @@ GateResult run_gate(const std::vector<CaseResult>& baseline, const std::vector<C
     const CaseKey key{cand.info.name, cand.info.variant};
     if (!baseline_index.count(key)) result.only_in_candidate.push_back(describe(key));
   }
+  check_gpu_conditions(result, baseline, candidate);
   return result;
 }
 

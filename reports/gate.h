@@ -66,7 +66,12 @@ struct CaseKernelGate {
 };
 
 struct GateResult {
-  std::vector<GateRow> rows;                  // in the order of the baseline
+  std::vector<GateRow> rows;  // in the order of the baseline
+  // The GPU conditions the two runs were timed under (the cases' "gpu.*" metrics, recorded by the
+  // runner: profiler/gpu_conditions.h): one line per difference that can move timings (clocks,
+  // temperature, other processes on the GPU), and one per case timed while its GPU throttled.
+  std::vector<std::string> condition_warnings;
+  std::vector<std::string> throttled_cases;   // "<name> [<variant>]: candidate (sw power cap)"
   std::vector<std::string> only_in_baseline;  // "name [variant]"
   std::vector<std::string> only_in_candidate;
   // Per row (same order) when the kernels were gated (gate_kernels); empty otherwise.
@@ -92,6 +97,13 @@ std::vector<int64_t> history_runs(const std::vector<store::RunInfo>& runs, const
 // The newest finished run whose commit starts with `commit` (at least 7 hexadecimal digits), or
 // 0 where none does; std::invalid_argument for a commit that is not such a prefix.
 int64_t run_of_commit(const std::vector<store::RunInfo>& runs, const std::string& commit);
+
+// The conditions check of run_gate, on its own: fills result.condition_warnings and
+// result.throttled_cases from the matched cases' metrics. Thresholds: median SM clock apart by
+// more than 5%, memory clock by more than 2%, median temperature by more than 15 C, any other
+// process on the GPU; throttling as profiler::clocks_event::throttling.
+void check_gpu_conditions(GateResult& result, const std::vector<CaseResult>& baseline,
+                          const std::vector<CaseResult>& candidate);
 
 // Matches cases by (info.name, info.variant).
 GateResult run_gate(const std::vector<CaseResult>& baseline, const std::vector<CaseResult>& candidate,

@@ -410,7 +410,10 @@ std::string gate_verdict_counts(const GateResult& result) {
 }
 
 std::string gate_table_markdown(const GateResult& result) {
-  std::string out = markdown_table(gate_table_rows(result, true), 5) + "\n" + gate_verdict_counts(result);
+  std::string out;
+  for (const std::string& w : result.condition_warnings) out += "> **Warning:** " + w + "\n>\n";
+  if (!out.empty()) out += "\n";
+  out += markdown_table(gate_table_rows(result, true), 5) + "\n" + gate_verdict_counts(result);
   auto list = [&](const char* title, const std::vector<std::string>& cases) {
     if (cases.empty()) return;
     out += std::string("\n**") + title + ":**\n\n";
@@ -418,6 +421,7 @@ std::string gate_table_markdown(const GateResult& result) {
   };
   list("Only in baseline", result.only_in_baseline);
   list("Only in candidate", result.only_in_candidate);
+  list("Timed while the GPU throttled", result.throttled_cases);
   // The regressed cases' kernels that moved most, then (on request) every case's kernels.
   for (size_t i = 0; i < result.kernels.size() && i < result.rows.size(); ++i) {
     if (result.rows[i].verdict != Verdict::regressed) continue;

@@ -132,9 +132,12 @@ std::string nested_range_tables_text(const std::vector<CaseBreakdown>& breakdown
 }
 
 std::string gate_table_text(const GateResult& result) {
-  std::string out = aligned_table(gate_table_rows(result, false), 5) + gate_verdict_counts(result);
+  std::string out;
+  for (const std::string& w : result.condition_warnings) out += "warning: " + w + "\n";
+  out += aligned_table(gate_table_rows(result, false), 5) + gate_verdict_counts(result);
   for (const std::string& c : result.only_in_baseline) out += "only in baseline:  " + c + "\n";
   for (const std::string& c : result.only_in_candidate) out += "only in candidate: " + c + "\n";
+  for (const std::string& c : result.throttled_cases) out += "throttled: " + c + "\n";
   if (!result.kernel_rows_requested) return out;
   for (const CaseKernelGate& gate : result.kernels) {
     out += "\n" + gate.name + " [" + gate.variant + "], " + std::to_string(gate.baseline_repetitions) + "/" +

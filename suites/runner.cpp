@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "profiler/cupti_tracer.h"
+#include "profiler/gpu_conditions.h"
 #include "profiler/range.h"
 #include "profiler/summary.h"
 
@@ -100,6 +101,12 @@ uint64_t run_cases(store::Store& store, int64_t run, const std::vector<Case>& ca
     const double per_rep_ms = warm_up_for(c, stream, options.warmup_ms, rep_counter);
     const int batch = sample_batch(options.sample_us, per_rep_ms);
 
+    // The GPU's clocks, temperature, power and throttling right before and after the timed
+    // repetitions (after the warm-up: the conditions the samples were taken under), stored with the
+    // case for the gate (profiler/gpu_conditions.h).
+    int device = 0;
+    FUSEKIT_CUDA_CHECK(cudaGetDevice(&device));
+    const profiler::GpuConditions before = profiler::read_gpu_conditions(device);
     std::vector<Events> events(static_cast<size_t>(options.repetitions));
     for (int r = 0; r < options.repetitions; ++r) {
       FUSEKIT_CUDA_CHECK(cudaEventRecord(events[r].start_, stream));
@@ -114,7 +121,14 @@ uint64_t run_cases(store::Store& store, int64_t run, const std::vector<Case>& ca
       FUSEKIT_CUDA_CHECK(cudaEventElapsedTime(&ms, e.start_, e.stop_));
       samples.push_back(static_cast<double>(ms) * 1e6 / batch);
     }
-    store.add_case(run, c.info, samples, c.metrics ? c.metrics() : std::vector<store::CaseMetric>{});
+    const profiler::GpuConditions after = profiler::read_gpu_conditions(device);
+    std::vector<store::CaseMetric> metrics = c.metrics ? c.metrics() : std::vector<store::CaseMetric>{};
+    for (const auto& [conditions, point] : {std::pair{&before, "start"}, {&after, "end"}}) {
+      for (const profiler::NamedValue& v : profiler::condition_values(*conditions, point)) {
+        metrics.push_back({v.name, v.value});
+      }
+    }
+    store.add_case(run, c.info, samples, metrics);
   }
   if (options.traced_repetitions <= 0) return dropped;
 

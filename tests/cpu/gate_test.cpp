@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "profiler/attribution.h"
+#include "profiler/gpu_conditions.h"
 #include "profiler/summary.h"
 #include "reports/gate.h"
 #include "reports/markdown.h"
@@ -527,6 +528,69 @@ TEST(GateHistory, RunOfCommitTakesTheNewestFinishedMatch) {
   EXPECT_EQ(run_of_commit(history(), "fffffff"), 0);
   EXPECT_THROW(run_of_commit(history(), "aaaa"), std::invalid_argument);
   EXPECT_THROW(run_of_commit(history(), "main~1x"), std::invalid_argument);
+}
+
+// ---- GPU conditions
+
+CaseResult with_conditions(CaseResult c, double sm_clock, double temperature, double reasons, double others) {
+  for (const char* point : {"start", "end"}) {
+    const std::string p = point;
+    c.metrics.push_back({"gpu.sm_clock_mhz." + p, sm_clock});
+    c.metrics.push_back({"gpu.memory_clock_mhz." + p, 2619});
+    c.metrics.push_back({"gpu.temperature_c." + p, temperature});
+    c.metrics.push_back({"gpu.clocks_event_reasons." + p, reasons});
+    c.metrics.push_back({"gpu.other_processes." + p, others});
+  }
+  return c;
+}
+
+TEST(GateConditions, SameConditionsWarnOfNothing) {
+  std::mt19937 rng(5);
+  const GateResult g = run_gate(
+      {with_conditions(make_case("ln", "fused", noisy_samples(rng, 1e5, 0.01, 10)), 1980, 40, 0, 0)},
+      {with_conditions(make_case("ln", "fused", noisy_samples(rng, 1e5, 0.01, 10)), 1965, 48, 0, 0)}, GateOptions{});
+  EXPECT_TRUE(g.condition_warnings.empty());
+  EXPECT_TRUE(g.throttled_cases.empty());
+  EXPECT_EQ(gate_table_text(g).find("warning"), std::string::npos);
+}
+
+TEST(GateConditions, DifferentClocksTemperatureAndOtherProcessesAreWarned) {
+  std::mt19937 rng(6);
+  const GateResult g = run_gate(
+      {with_conditions(make_case("ln", "fused", noisy_samples(rng, 1e5, 0.01, 10)), 1980, 40, 0, 0)},
+      {with_conditions(make_case("ln", "fused", noisy_samples(rng, 1e5, 0.01, 10)), 1755, 71, 0, 2)}, GateOptions{});
+  ASSERT_EQ(g.condition_warnings.size(), 3u) << gate_table_text(g);
+  EXPECT_NE(g.condition_warnings[0].find("SM clock: baseline 1980 MHz, candidate 1755 MHz"), std::string::npos);
+  EXPECT_NE(g.condition_warnings[1].find("temperature: baseline 40 C, candidate 71 C"), std::string::npos);
+  EXPECT_NE(g.condition_warnings[2].find("other processes on the GPU during the candidate's timing: up to 2"),
+            std::string::npos);
+  EXPECT_NE(gate_table_text(g).find("warning: SM clock"), std::string::npos);
+  EXPECT_NE(gate_table_markdown(g).find("> **Warning:** temperature"), std::string::npos);
+}
+
+TEST(GateConditions, ThrottledCasesAreMarked) {
+  std::mt19937 rng(7);
+  const double power_cap = static_cast<double>(profiler::clocks_event::sw_power_cap);
+  const double idle = static_cast<double>(profiler::clocks_event::gpu_idle);
+  const GateResult g =
+      run_gate({with_conditions(make_case("ln", "fused", noisy_samples(rng, 1e5, 0.01, 10)), 1980, 40, idle, 0),
+                with_conditions(make_case("gelu", "fused", noisy_samples(rng, 1e5, 0.01, 10)), 1980, 40, 0, 0)},
+               {with_conditions(make_case("ln", "fused", noisy_samples(rng, 1e5, 0.01, 10)), 1980, 40, power_cap, 0),
+                with_conditions(make_case("gelu", "fused", noisy_samples(rng, 1e5, 0.01, 10)), 1980, 40, idle, 0)},
+               GateOptions{});
+  ASSERT_EQ(g.throttled_cases.size(), 1u);  // idle is no throttling
+  EXPECT_EQ(g.throttled_cases[0], "ln [fused]: candidate (sw power cap)");
+  EXPECT_NE(gate_table_text(g).find("throttled: ln [fused]: candidate (sw power cap)"), std::string::npos);
+  EXPECT_NE(gate_table_markdown(g).find("Timed while the GPU throttled"), std::string::npos);
+}
+
+TEST(GateConditions, ConditionsOfOneSideOnlyCannotBeCompared) {
+  std::mt19937 rng(8);
+  const GateResult g = run_gate(
+      {make_case("ln", "fused", noisy_samples(rng, 1e5, 0.01, 10))},
+      {with_conditions(make_case("ln", "fused", noisy_samples(rng, 1e5, 0.01, 10)), 1980, 40, 0, 0)}, GateOptions{});
+  ASSERT_EQ(g.condition_warnings.size(), 1u);
+  EXPECT_NE(g.condition_warnings[0].find("recorded for the candidate only"), std::string::npos);
 }
 
 }  // namespace
