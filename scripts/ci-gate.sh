@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# The GPU CI job in one command: builds fusekit, measures the operators a change touches (or whole
+# suites), gates the candidate run against the committed evidence of this GPU (or against the
+# recent runs of a history store), writes the Markdown summary for a pull-request comment, and
+# exits 1 on a regression.
+#   bash scripts/ci-gate.sh [--base REF] [--suites ops,attention,models] [--dtype fp16]
+#                           [--history DB [--history-runs N]] [--out DIR] [--dry-run]
+#   --base REF       measure only the operators touched between REF and HEAD (scripts/touched_ops.py);
+#                    without it, every case of the suites
+#   --suites LIST    suites to consider (default ops,attention: the evidence's operator suites;
+#                    add models for the whole BERT step)
+#   --dtype DTYPE    the cases' dtype (default fp16, the evidence's)
+#   --history DB     gate against the pooled samples of the newest --history-runs (default 5) runs of
+#                    this GPU in DB instead of the evidence; the candidate run is recorded into DB
+#                    (give it on the main branch's jobs, whose runs should become the history); while
+#                    DB holds no run of this GPU, the evidence is the baseline
+#   --dry-run        say what would be measured and gated against, measure nothing (no GPU needed)
+# Baseline: evidence/<gpu>/<suite>.db or .db.xz, <gpu> the GPU's short name (h100 for "NVIDIA H100
+# 80GB HBM3"). Output in --out (default out/ci-gate): <suite>.db (the candidate runs), gate-<suite>.md
+# and summary.md (every suite's Markdown, the comment to post).
+# Exit code: 0 no regression (or nothing to measure), 1 a regression or a failure, 2 usage.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT" || exit 1
+base="" suites="ops,attention" dtype="fp16" history="" history_runs=5 out="out/ci-gate" dry_run=0
+usage() { echo "ci-gate: $1 (usage: bash scripts/ci-gate.sh [--base REF] [--suites LIST] [--dtype D] [--history DB [--history-runs N]] [--out DIR] [--dry-run])" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --base) [ $# -ge 2 ] || usage "--base needs a git ref"; base="$2"; shift 2 ;;
+    --suites) [ $# -ge 2 ] || usage "--suites needs a list"; suites="$2"; shift 2 ;;
+    --dtype) [ $# -ge 2 ] || usage "--dtype needs fp32, fp16 or bf16"; dtype="$2"; shift 2 ;;
+    --history) [ $# -ge 2 ] || usage "--history needs a store"; history="$2"; shift 2 ;;
+    --history-runs) [ $# -ge 2 ] || usage "--history-runs needs a count"; history_runs="$2"; shift 2 ;;
+    --out) [ $# -ge 2 ] || usage "--out needs a folder"; out="$2"; shift 2 ;;
+    --dry-run) dry_run=1; shift ;;
+    *) usage "unknown argument '$1'" ;;
+  esac
+done
+case "$dtype" in fp32 | fp16 | bf16) ;; *) usage "--dtype must be fp32, fp16 or bf16, not '$dtype'" ;; esac
+[[ "$history_runs" =~ ^[1-9][0-9]*$ ]] || usage "--history-runs must be a positive count, not '$history_runs'"
+mkdir -p "$out"
+
+if [ "$dry_run" = 0 ]; then
+  FUSEKIT_TARGETS="fusekit" bash scripts/setup.sh >"$out/build.log" 2>&1 || { tail -20 "$out/build.log"; echo "ci-gate: the build failed" >&2; exit 1; }
+fi
+FUSEKIT="${BUILD_DIR:-$ROOT/build}/fusekit"
+[ -x "$FUSEKIT" ] || { echo "ci-gate: $FUSEKIT is missing (build it first, or run without --dry-run)" >&2; exit 1; }
+
+# The GPU's short name: the first word like h100, a100, l40s in its name.
+gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
+gpu_key="$(printf '%s' "$gpu_name" | tr 'A-Z' 'a-z' | grep -oE '\b[a-z]{1,2}[0-9]{2,4}[a-z]?\b' | head -n 1)"
+if [ -z "$gpu_name" ]; then
+  [ "$dry_run" = 1 ] || { echo "ci-gate: no GPU on this machine (nvidia-smi found none): nothing can be measured" >&2; exit 1; }
+  gpu_key="${CI_GATE_GPU:-h100}"
+  echo "ci-gate: dry run without a GPU: planning for evidence/$gpu_key"
+fi
+
+touched=""
+if [ -n "$base" ]; then
+  git rev-parse --verify --quiet "$base^{commit}" >/dev/null || usage "--base '$base' is not a commit here"
+  known="$(for s in ${suites//,/ }; do "$FUSEKIT" cases --suite "$s" --dtype "$dtype"; done 2>/dev/null |
+    python3 -c 'import re, sys; print(",".join(sorted(set(re.findall(r"\"op\": \"([a-z0-9_]+)\"", sys.stdin.read())))))')"
+  touched="$(git diff --name-only "$base"...HEAD | python3 scripts/touched_ops.py --known "$known")"
+  if [ -z "$touched" ]; then
+    echo "ci-gate: no benchmarked operator is touched between $base and HEAD: nothing to measure"
+    printf '**fusekit gate**: no benchmarked operator changed since `%s`.\n' "$base" >"$out/summary.md"
+    exit 0
+  fi
+  echo "ci-gate: touched since $base: $touched"
+fi
+
+failed=0 regressed=0
+: >"$out/summary.md"
+for suite in ${suites//,/ }; do
+  ops=()
+  if [ -n "$touched" ] && [ "$touched" != all ]; then
+    suite_ops="$("$FUSEKIT" cases --suite "$suite" --dtype "$dtype" 2>/dev/null |
+      python3 -c 'import re, sys; print(",".join(sorted(set(re.findall(r"\"op\": \"([a-z0-9_]+)\"", sys.stdin.read())))))')"
+    mine="$(python3 -c 'import sys; a = set(sys.argv[1].split(",")); print(",".join(sorted(a & set(sys.argv[2].split(",")))))' "$touched" "$suite_ops")"
+    [ -n "$mine" ] || { echo "ci-gate: $suite: no touched operator"; continue; }
+    ops=(--ops "$mine")
+  fi
+  # A history store with no finished run of this GPU yet (the first job) gates against the evidence.
+  prior=0
+  if [ -n "$history" ] && [ -s "$history" ]; then
+    prior="$(python3 -c 'import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+print(db.execute("SELECT COUNT(*) FROM runs WHERE gpuName = ? AND status = ?", (sys.argv[2], "ok")).fetchone()[0])' \
+      "$history" "$gpu_name" 2>/dev/null || echo 0)"
+  fi
+  if [ -n "$history" ] && [ "$prior" -gt 0 ]; then
+    baseline=(--baseline "$history" --baseline-runs "$history_runs")
+    what="the newest $history_runs runs on this GPU in $history"
+  else
+    evidence=""
+    for candidate in "evidence/$gpu_key/$suite.db" "evidence/$gpu_key/$suite.db.xz"; do
+      [ -e "$candidate" ] && evidence="$candidate" && break
+    done
+    if [ -z "$evidence" ]; then
+      echo "ci-gate: $suite: no evidence/$gpu_key/$suite.db(.xz) to gate against: skipped (measure and commit one first)"
+      continue
+    fi
+    if [ "$dry_run" = 1 ]; then
+      echo "ci-gate: $suite: measure ${ops[*]:-every case} ($dtype), gate against $evidence"
+      continue
+    fi
+    if [[ "$evidence" == *.xz ]]; then
+      xz -dc "$evidence" >"$out/baseline-$suite.db" || { echo "ci-gate: cannot decompress $evidence" >&2; failed=1; continue; }
+      evidence="$out/baseline-$suite.db"
+    fi
+    baseline=(--baseline "$evidence")
+    what="$evidence"
+  fi
+  echo "ci-gate: $suite: measure ${ops[*]:-every case} ($dtype), gate against $what"
+  [ "$dry_run" = 1 ] && continue
+  candidate_db="$out/$suite.db"
+  if [ -n "$history" ]; then
+    candidate_db="$history"  # a new run in the history store; the gate leaves it out of the baseline
+  else
+    rm -f "$candidate_db" "$candidate_db-wal" "$candidate_db-shm"
+  fi
+  peers=()
+  [ "$suite" = models ] && python3 -c 'import torch' 2>/dev/null && peers=(--peers scripts/peers/ops.py)
+  if ! "$FUSEKIT" bench --suite "$suite" --dtype "$dtype" "${ops[@]}" "${peers[@]}" --db "$candidate_db" \
+    --label "ci-gate $(git rev-parse --short HEAD)" >"$out/bench-$suite.log" 2>&1; then
+    tail -20 "$out/bench-$suite.log"
+    echo "ci-gate: $suite: the benchmark failed" >&2
+    failed=1
+    continue
+  fi
+  "$FUSEKIT" gate "${baseline[@]}" --candidate "$candidate_db" --markdown "$out/gate-$suite.md"
+  rc=$?
+  case $rc in
+    0) ;;
+    1) regressed=1 ;;
+    *) failed=1 ;;
+  esac
+  { printf '### fusekit gate: %s suite (%s, %s)\n\n' "$suite" "$gpu_name" "$dtype"; cat "$out/gate-$suite.md"; echo; } >>"$out/summary.md"
+done
+[ "$dry_run" = 1 ] && exit 0
+echo "ci-gate: summary in $out/summary.md"
+[ $failed = 0 ] || exit 1
+[ $regressed = 0 ] || { echo "ci-gate: a regression: see $out/summary.md"; exit 1; }
+exit 0
