@@ -39,7 +39,7 @@ export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 
 failed=0
 for mode in $modes; do
-  for test in torch_ops_test torch_patch_bert_test; do
+  for test in torch_ops_test torch_patch_bert_test torch_patch_swin_test; do
     start=$SECONDS
     log="$OUT/$test-$mode.log"
     FUSEKIT_TORCH_AUTOGRAD=$mode python3 -m pytest -q -p no:cacheprovider -rs "$@" "tests/gpu/python/$test.py" \

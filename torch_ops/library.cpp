@@ -44,6 +44,24 @@ TORCH_LIBRARY(fusekit, m) {
   m.def(
       "cross_entropy_backward(Tensor dloss, Tensor logits, Tensor labels, Tensor lse, Tensor valid, int ignore_index, "
       "float label_smoothing) -> Tensor dlogits");
+  m.def(
+      "window_partition(Tensor x, Tensor gamma, Tensor beta, int window, int shift, float eps) -> (Tensor windows, "
+      "Tensor mean, Tensor rstd)");
+  m.def(
+      "window_partition_backward(Tensor dwindows, Tensor x, Tensor gamma, Tensor mean, Tensor rstd, int window, "
+      "int shift) -> (Tensor dx, Tensor dgamma, Tensor dbeta)");
+  m.def("window_merge(Tensor windows, Tensor shortcut, int window, int shift) -> Tensor y");
+  m.def("window_merge_backward(Tensor dy, int window, int shift) -> Tensor dwindows");
+  m.def("patch_merging(Tensor x, Tensor gamma, Tensor beta, float eps) -> (Tensor y, Tensor mean, Tensor rstd)");
+  m.def(
+      "patch_merging_backward(Tensor dy, Tensor x, Tensor gamma, Tensor mean, Tensor rstd) -> (Tensor dx, "
+      "Tensor dgamma, Tensor dbeta)");
+  m.def(
+      "window_attention(Tensor qkv, Tensor table, Tensor index, Tensor? mask, float scale) -> (Tensor out, "
+      "Tensor bias, Tensor lse)");
+  m.def(
+      "window_attention_backward(Tensor dout, Tensor qkv, Tensor table, Tensor index, Tensor? mask, Tensor out, "
+      "Tensor bias, Tensor lse, float scale) -> (Tensor dqkv, Tensor dtable)");
   m.def("softmax(Tensor x, float scale, str mask, Tensor? lengths) -> Tensor y");
   m.def("softmax_backward(Tensor y, Tensor dy, float scale) -> Tensor dx");
 }

@@ -1,4 +1,5 @@
-"""Which modules of a model fusekit replaces, and why it leaves the others alone.
+"""Which modules of a model fusekit replaces, and why it leaves the others alone: Hugging Face BERT
+and timm's Swin Transformer.
 
 Plain Python over the modules' class names and attributes (no PyTorch import), so the rules are
 tested on the CPU with stand-in modules. fusekit.torch.patch applies the decisions.
@@ -105,6 +106,57 @@ def _masked_lm(m):
     return True, "cross_entropy on the logits' own dtype (no float32 copy)"
 
 
+# kernels/window_attention.h's shapes.
+WINDOW_TOKENS = (49, 144)
+WINDOW_HEAD_DIMS = (32, 64)
+
+
+def _pair_equal(value):
+    return value is not None and len(tuple(value)) == 2 and tuple(value)[0] == tuple(value)[1]
+
+
+def _swin_block(m):
+    attn, mlp = getattr(m, "attn", None), getattr(m, "mlp", None)
+    if attn is None or mlp is None:
+        return False, "no attn or mlp"
+    if not _pair_equal(getattr(m, "window_size", None)) or not _pair_equal(getattr(m, "shift_size", None)):
+        return False, "a window or shift that is not square"
+    tokens = getattr(attn, "window_area", None)
+    if tokens not in WINDOW_TOKENS:
+        return False, f"window of {tokens} tokens (fused: 7x7 or 12x12)"
+    heads = getattr(attn, "num_heads", 0)
+    qkv = getattr(attn, "qkv", None)
+    head_dim = getattr(qkv, "out_features", 0) // 3 // heads if heads else 0
+    if head_dim not in WINDOW_HEAD_DIMS:
+        return False, f"head_dim {head_dim} (fused: {', '.join(map(str, WINDOW_HEAD_DIMS))})"
+    if not _linear_with_bias(qkv) or not _linear_with_bias(getattr(attn, "proj", None)):
+        return False, "qkv or proj without bias"
+    if getattr(getattr(attn, "attn_drop", None), "p", 0):
+        return False, "attention dropout (the fused window attention has none)"
+    if getattr(m, "dynamic_mask", False):
+        return False, "dynamic mask"
+    if not _affine_layer_norm(getattr(m, "norm1", None)) or not _affine_layer_norm(getattr(m, "norm2", None)):
+        return False, "norm1 or norm2 is not an affine LayerNorm"
+    if type(mlp).__name__ != "Mlp" or not _linear_with_bias(getattr(mlp, "fc1", None)) \
+            or not _linear_with_bias(getattr(mlp, "fc2", None)):
+        return False, f"MLP {type(mlp).__name__} (fused: timm's Mlp with biases)"
+    if gelu_form(getattr(mlp, "act", None)) is None:
+        return False, f"activation {type(getattr(mlp, 'act', None)).__name__} (fused: GELU)"
+    if any(getattr(getattr(mlp, name, None), "p", 0) for name in ("drop1", "drop2")) or \
+            type(getattr(mlp, "norm", None)).__name__ not in ("Identity", "NoneType"):
+        return False, "MLP dropout or norm (not fused)"
+    return True, "LN + shift + partition, QKV GEMM, window_attention, proj GEMM, merge + residual, MLP"
+
+
+def _patch_merging(m):
+    if not _affine_layer_norm(getattr(m, "norm", None)):
+        return False, "norm is not an affine LayerNorm"
+    reduction = getattr(m, "reduction", None)
+    if reduction is None or getattr(reduction, "bias", None) is not None:
+        return False, "reduction with a bias"
+    return True, "2x2 gather + LayerNorm (patch_merging) + reduction GEMM"
+
+
 RULES = {
     "BertEmbeddings": _embeddings,
     "BertSelfAttention": _self_attention,
@@ -113,6 +165,8 @@ RULES = {
     "BertIntermediate": _intermediate,
     "BertPredictionHeadTransform": _head_transform,
     "BertForMaskedLM": _masked_lm,
+    "SwinTransformerBlock": _swin_block,
+    "PatchMerging": _patch_merging,
 }
 
 # Modules fusekit knows and never replaces (reported so that the report is complete).

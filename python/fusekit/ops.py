@@ -116,6 +116,55 @@ def _(dloss, logits, labels, lse, valid, ignore_index, label_smoothing):
     return torch.empty_like(logits)
 
 
+@torch.library.register_fake("fusekit::window_partition")
+def _(x, gamma, beta, window, shift, eps):
+    batch, height, width, channels = x.shape
+    tokens = batch * height * width
+    windows = x.new_empty((batch * (height // window) * (width // window), window * window, channels))
+    return windows, x.new_empty((tokens,), dtype=_float), x.new_empty((tokens,), dtype=_float)
+
+
+@torch.library.register_fake("fusekit::window_partition_backward")
+def _(dwindows, x, gamma, mean, rstd, window, shift):
+    return torch.empty_like(x), torch.empty_like(gamma), torch.empty_like(gamma)
+
+
+@torch.library.register_fake("fusekit::window_merge")
+def _(windows, shortcut, window, shift):
+    return torch.empty_like(shortcut)
+
+
+@torch.library.register_fake("fusekit::window_merge_backward")
+def _(dy, window, shift):
+    batch, height, width, channels = dy.shape
+    return dy.new_empty((batch * (height // window) * (width // window), window * window, channels))
+
+
+@torch.library.register_fake("fusekit::patch_merging")
+def _(x, gamma, beta, eps):
+    batch, height, width, channels = x.shape
+    merged = batch * (height // 2) * (width // 2)
+    y = x.new_empty((batch, height // 2, width // 2, 4 * channels))
+    return y, x.new_empty((merged,), dtype=_float), x.new_empty((merged,), dtype=_float)
+
+
+@torch.library.register_fake("fusekit::patch_merging_backward")
+def _(dy, x, gamma, mean, rstd):
+    return torch.empty_like(x), torch.empty_like(gamma), torch.empty_like(gamma)
+
+
+@torch.library.register_fake("fusekit::window_attention")
+def _(qkv, table, index, mask, scale):
+    windows, tokens, _, heads, head_dim = qkv.shape
+    return (qkv.new_empty((windows, tokens, heads * head_dim)), qkv.new_empty((heads, tokens, tokens), dtype=_float),
+            qkv.new_empty((windows, heads, tokens), dtype=_float))
+
+
+@torch.library.register_fake("fusekit::window_attention_backward")
+def _(dout, qkv, table, index, mask, out, bias, lse, scale):
+    return torch.empty_like(qkv), torch.empty_like(table)
+
+
 @torch.library.register_fake("fusekit::softmax")
 def _(x, scale, mask, lengths):
     return torch.empty_like(x)
@@ -129,8 +178,15 @@ def _(y, dy, scale):
 # ---- autograd: each forward op's backward is its _backward op
 
 
+# The ops whose formulas torch_ops/autograd.cpp also has; the others take the Python formula in
+# either mode.
+CPP_AUTOGRAD_OPS = {"fusekit::layernorm", "fusekit::bias_gelu", "fusekit::bias_dropout_residual_layernorm",
+                    "fusekit::embedding_layernorm", "fusekit::bert_attention", "fusekit::cross_entropy",
+                    "fusekit::softmax"}
+
+
 def _register_autograd(name, backward, setup_context):
-    if AUTOGRAD == "python":
+    if AUTOGRAD == "python" or name not in CPP_AUTOGRAD_OPS:
         torch.library.register_autograd(name, backward, setup_context=setup_context)
 
 
@@ -256,6 +312,71 @@ def _softmax_backward(ctx, dy):
 _register_autograd("fusekit::softmax", _softmax_backward, setup_context=_softmax_setup)
 
 
+def _partition_setup(ctx, inputs, output):
+    x, gamma, beta, window, shift, eps = inputs
+    windows, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.save_for_backward(x, gamma, mean, rstd)
+    ctx.window, ctx.shift = window, shift
+
+
+def _partition_backward(ctx, dwindows, _dmean, _drstd):
+    x, gamma, mean, rstd = ctx.saved_tensors
+    dx, dgamma, dbeta = _ops.window_partition_backward(dwindows.contiguous(), x, gamma, mean, rstd, ctx.window,
+                                                       ctx.shift)
+    return dx, dgamma, dbeta, None, None, None
+
+
+_register_autograd("fusekit::window_partition", _partition_backward, setup_context=_partition_setup)
+
+
+def _merge_setup(ctx, inputs, output):
+    windows, shortcut, window, shift = inputs
+    ctx.window, ctx.shift = window, shift
+
+
+def _merge_backward(ctx, dy):
+    dy = dy.contiguous()
+    return _ops.window_merge_backward(dy, ctx.window, ctx.shift), dy, None, None
+
+
+_register_autograd("fusekit::window_merge", _merge_backward, setup_context=_merge_setup)
+
+
+def _patch_setup(ctx, inputs, output):
+    x, gamma, beta, eps = inputs
+    y, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.save_for_backward(x, gamma, mean, rstd)
+
+
+def _patch_backward(ctx, dy, _dmean, _drstd):
+    x, gamma, mean, rstd = ctx.saved_tensors
+    dx, dgamma, dbeta = _ops.patch_merging_backward(dy.contiguous(), x, gamma, mean, rstd)
+    return dx, dgamma, dbeta, None
+
+
+_register_autograd("fusekit::patch_merging", _patch_backward, setup_context=_patch_setup)
+
+
+def _window_attention_setup(ctx, inputs, output):
+    qkv, table, index, mask, scale = inputs
+    out, bias, lse = output
+    ctx.mark_non_differentiable(bias, lse)
+    ctx.save_for_backward(qkv, table, index, mask, out, bias, lse)
+    ctx.scale = scale
+
+
+def _window_attention_backward(ctx, dout, _dbias, _dlse):
+    qkv, table, index, mask, out, bias, lse = ctx.saved_tensors
+    dqkv, dtable = _ops.window_attention_backward(dout.contiguous(), qkv, table, index, mask, out, bias, lse,
+                                                  ctx.scale)
+    return dqkv, dtable, None, None, None
+
+
+_register_autograd("fusekit::window_attention", _window_attention_backward, setup_context=_window_attention_setup)
+
+
 # ---- what users call
 
 
@@ -301,3 +422,27 @@ def softmax(x, scale=1.0, mask="none", lengths=None):
     """softmax(scale * x) over the last dimension of [batch, heads, queries, keys] with a "none",
     "causal" or "padding" (keys >= lengths[b]) mask."""
     return _ops.softmax(x.contiguous(), scale, mask, lengths)
+
+
+def window_partition(x, weight, bias, window, shift=0, eps=1e-5):
+    """Swin's layer_norm(x), torch.roll by (-shift, -shift) and window partition in one kernel:
+    x [B, H, W, C] -> windows [B * nW, window * window, C]."""
+    return _ops.window_partition(x.contiguous(), weight, bias, window, shift, eps)[0]
+
+
+def window_merge(windows, shortcut, window, shift=0):
+    """shortcut + torch.roll(window_reverse(windows), (shift, shift)): [B, H, W, C]."""
+    return _ops.window_merge(windows.contiguous(), shortcut.contiguous(), window, shift)
+
+
+def patch_merging(x, weight, bias, eps=1e-5):
+    """Swin's PatchMerging gather (x0, x1, x2, x3 of each 2x2 patch) and layer_norm over 4C:
+    [B, H, W, C] -> [B, H/2, W/2, 4C] (the reduction GEMM is the caller's)."""
+    return _ops.patch_merging(x.contiguous(), weight, bias, eps)[0]
+
+
+def window_attention(qkv, table, index, mask, scale):
+    """softmax(scale q k^T + table[index] + mask) v per window and head: qkv [windows, tokens, 3,
+    heads, head_dim], index int32 [tokens, tokens], mask float32 [mask windows, tokens, tokens] or
+    None -> [windows, tokens, heads * head_dim]."""
+    return _ops.window_attention(qkv.contiguous(), table, index, mask, scale)[0]

@@ -128,6 +128,44 @@ class MatchingTest(unittest.TestCase):
         self.assertFalse(cross.fused)
         self.assertIn("cross-attention", cross.reason)
 
+    def swin_block(self, **overrides):
+        qkv = stand_in("Linear", weight=object(), bias=object(), out_features=3 * 96)
+        attn = stand_in("WindowAttention", window_area=49, num_heads=3, qkv=qkv, proj=linear(),
+                        attn_drop=stand_in("Dropout", p=0.0))
+        mlp = stand_in("Mlp", fc1=linear(), fc2=linear(), act=stand_in("GELU", approximate="none"),
+                       drop1=stand_in("Dropout", p=0.0), drop2=stand_in("Dropout", p=0.0), norm=stand_in("Identity"))
+        values = dict(attn=attn, mlp=mlp, window_size=(7, 7), shift_size=(3, 3), dynamic_mask=False,
+                      norm1=layer_norm(), norm2=layer_norm())
+        values.update(overrides)
+        return stand_in("SwinTransformerBlock", **values)
+
+    def test_swin_block(self):
+        decision = matching.decide("layers.0.blocks.1", self.swin_block())
+        self.assertTrue(decision.fused, decision.reason)
+        block = self.swin_block()
+        block.attn.attn_drop.p = 0.1
+        self.assertIn("attention dropout", matching.decide("b", block).reason)
+        block = self.swin_block()
+        block.attn.qkv.out_features = 3 * 144  # 3 heads of 48
+        self.assertIn("head_dim 48", matching.decide("b", block).reason)
+        block = self.swin_block()
+        block.attn.window_area = 64
+        self.assertIn("window of 64 tokens", matching.decide("b", block).reason)
+        self.assertIn("not square", matching.decide("b", self.swin_block(window_size=(7, 8))).reason)
+        block = self.swin_block()
+        block.mlp.act = stand_in("SiLU")
+        self.assertIn("SiLU", matching.decide("b", block).reason)
+        block = self.swin_block()
+        block.mlp.drop1.p = 0.1
+        self.assertIn("MLP dropout", matching.decide("b", block).reason)
+
+    def test_patch_merging(self):
+        norm = stand_in("LayerNorm", weight=object(), bias=object(), normalized_shape=(384,))
+        self.assertTrue(matching.decide("m", stand_in("PatchMerging", norm=norm, reduction=linear(bias=False))).fused)
+        kept = matching.decide("m", stand_in("PatchMerging", norm=norm, reduction=linear(bias=True)))
+        self.assertFalse(kept.fused)
+        self.assertIn("bias", kept.reason)
+
     def test_summary_counts_modules_per_decision(self):
         decisions = [matching.decide(f"l{i}", attention()) for i in range(12)] + [matching.decide("x", attention(48))]
         text = matching.summarize(decisions)

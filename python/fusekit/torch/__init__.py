@@ -6,7 +6,8 @@
     fusekit.torch.unpatch(model)          # back to the original classes
 
 Supported: Hugging Face BERT (BertModel, BertForMaskedLM, BertForPreTraining,
-BertForSequenceClassification and the other heads share its modules). Patching swaps each
+BertForSequenceClassification and the other heads share its modules) and timm's SwinTransformer
+(its blocks and patch merging). Patching swaps each
 matched module's class for a subclass with a fused forward; parameters, buffers and state_dict
 keys are untouched. A module that cannot be fused exactly is kept, with a warning saying why.
 """
@@ -20,7 +21,9 @@ from fusekit.library import missing
 if importlib.util.find_spec("torch") is None or missing():
     raise ImportError("fusekit.torch: " + "; ".join(missing()))
 
-from fusekit.torch import bert  # noqa: E402 (after the check that makes its import errors readable)
+from fusekit.torch import bert, swin  # noqa: E402 (after the check that makes its import errors readable)
+
+FUSED = {**bert.FUSED, **swin.FUSED}
 
 _FUSED_CLASSES = {}
 
@@ -41,8 +44,9 @@ class Report(list):
 def _fused_class(original, kind):
     key = (original, kind)
     if key not in _FUSED_CLASSES:
-        _FUSED_CLASSES[key] = type("Fused" + original.__name__, (bert.FUSED[kind], original),
-                                   {"_fusekit_original": original, "__module__": bert.__name__})
+        mixin = FUSED[kind]
+        _FUSED_CLASSES[key] = type("Fused" + original.__name__, (mixin, original),
+                                   {"_fusekit_original": original, "__module__": mixin.__module__})
     return _FUSED_CLASSES[key]
 
 

@@ -194,6 +194,84 @@ def test_softmax(dtype, mask):
     compare(lambda x: fk.softmax(x, 0.5, mask, lengths if mask == "padding" else None), reference, [x], dtype)
 
 
+def swin_roll_partition(x, window, shift):
+    """timm's torch.roll + window_partition: [B, H, W, C] -> [B * nW, window * window, C]."""
+    b, h, w, c = x.shape
+    if shift:
+        x = torch.roll(x, shifts=(-shift, -shift), dims=(1, 2))
+    x = x.view(b, h // window, window, w // window, window, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, window * window, c)
+
+
+def swin_reverse_roll(windows, b, h, w, window, shift):
+    c = windows.shape[-1]
+    x = windows.view(b, h // window, w // window, window, window, c).permute(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
+    return torch.roll(x, shifts=(shift, shift), dims=(1, 2)) if shift else x
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2, 14, 14, 96, 7, 3), (1, 7, 21, 40, 7, 0), (3, 12, 12, 33, 6, 2)])
+def test_window_partition(dtype, shape):
+    b, h, w, c, window, shift = shape
+    x, g, beta = randn(b, h, w, c), randn(c) * 0.1 + 1, randn(c) * 0.1
+    compare(lambda x, g, beta: fk.window_partition(x, g, beta, window, shift, 1e-5),
+            lambda x, g, beta: swin_roll_partition(F.layer_norm(x, (c,), g, beta, 1e-5), window, shift),
+            [x, g, beta], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2, 14, 14, 96, 7, 3), (1, 7, 21, 40, 7, 0)])
+def test_window_merge(dtype, shape):
+    b, h, w, c, window, shift = shape
+    windows, shortcut = randn(b * (h // window) * (w // window), window * window, c), randn(b, h, w, c)
+    compare(lambda windows, shortcut: fk.window_merge(windows, shortcut, window, shift),
+            lambda windows, shortcut: shortcut + swin_reverse_roll(windows, b, h, w, window, shift),
+            [windows, shortcut], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2, 56, 56, 96), (1, 6, 10, 33)])
+def test_patch_merging(dtype, shape):
+    b, h, w, c = shape
+    x, g, beta = randn(b, h, w, c), randn(4 * c) * 0.1 + 1, randn(4 * c) * 0.1
+
+    def reference(x, g, beta):  # timm's PatchMerging before its reduction
+        y = x.reshape(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).flatten(3)
+        return F.layer_norm(y, (4 * c,), g, beta, 1e-5)
+
+    compare(lambda x, g, beta: fk.patch_merging(x, g, beta, 1e-5), reference, [x, g, beta], dtype)
+
+
+def relative_position_index(window):
+    coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij")).flatten(1)
+    relative = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0) + window - 1
+    return (relative[..., 0] * (2 * window - 1) + relative[..., 1]).to(torch.int32).to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("window,heads,head_dim,masked", [(7, 3, 32, True), (7, 4, 64, False), (12, 2, 32, True)])
+def test_window_attention(dtype, window, heads, head_dim, masked):
+    tokens, windows, mask_windows = window * window, 12, 4
+    qkv = randn(windows, tokens, 3, heads, head_dim)
+    table = randn((2 * window - 1) ** 2, heads) * 0.1
+    index = relative_position_index(window)
+    mask = None
+    if masked:
+        mask = torch.where(torch.rand(mask_windows, tokens, tokens, device=DEVICE) < 0.3, -100.0, 0.0)
+        mask[:, torch.arange(tokens), torch.arange(tokens)] = 0.0  # every row keeps a key
+    scale = head_dim ** -0.5
+
+    def reference(qkv, table):
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [windows, heads, tokens, head_dim]
+        bias = table[index.long().view(-1)].view(tokens, tokens, heads).permute(2, 0, 1)
+        s = (q @ k.transpose(-1, -2)) * scale + bias
+        if mask is not None:
+            s = (s.view(-1, mask_windows, heads, tokens, tokens) + mask[None, :, None].to(s.dtype)).view_as(s)
+        return (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(windows, tokens, heads * head_dim)
+
+    compare(lambda qkv, table: fk.window_attention(qkv, table, index, mask, scale), reference, [qkv, table], dtype)
+
+
 def opcheck_samples():
     h = torch.float16
     qkv = randn(2, 40, 3, 2, 64, dtype=h)
@@ -217,10 +295,17 @@ def opcheck_samples():
         (ops.bert_attention, (leaf(qkv), lengths, 0.125, 0.1, philox)),
         (ops.cross_entropy, (leaf(logits), labels, -100, 0.1)),
         (ops.softmax, (leaf(scores), 0.5, "none", None)),
+        (ops.window_partition, (leaf(randn(2, 14, 14, 32, dtype=h)), leaf(randn(32, dtype=h)),
+                                leaf(randn(32, dtype=h)), 7, 3, 1e-5)),
+        (ops.window_merge, (leaf(randn(8, 49, 32, dtype=h)), leaf(randn(2, 14, 14, 32, dtype=h)), 7, 3)),
+        (ops.patch_merging, (leaf(randn(2, 14, 14, 32, dtype=h)), leaf(randn(128, dtype=h)),
+                             leaf(randn(128, dtype=h)), 1e-5)),
+        (ops.window_attention, (leaf(randn(8, 49, 3, 2, 32, dtype=h)), leaf(randn(169, 2, dtype=h)),
+                                relative_position_index(7), torch.zeros(4, 49, 49, device=DEVICE), 32 ** -0.5)),
     ]
 
 
-@pytest.mark.parametrize("index", range(7))
+@pytest.mark.parametrize("index", range(11))
 def test_opcheck(index):
     op, args = opcheck_samples()[index]
     torch.library.opcheck(op, args)

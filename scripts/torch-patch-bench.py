@@ -1,0 +1,116 @@
+"""Training-step times of the models fusekit.torch patches, unpatched and patched, eager and under
+torch.compile, in one process: Hugging Face BertForMaskedLM (BERT-base, batch 64 x 128 with
+padding: scripts/peers/ops/bert_step.py's model, data and optimizer) and timm's Swin-T (batch 128,
+224 x 224, cross-entropy with label smoothing 0.1), AMP in fp16 or bf16, fused AdamW. Each variant
+starts from the same weights; medians of --steps steps after --warmup, timed with CUDA events, and
+the peak memory PyTorch's allocator reserved. Prints a table and writes --json.
+
+    PYTHONPATH=python python3 scripts/torch-patch-bench.py --models bert,swin --dtype fp16 --json out.json
+"""
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+
+import fusekit.torch  # noqa: E402
+
+VARIANTS = ("eager", "compile", "fusekit", "fusekit-compile")
+
+
+def bert_setup(dtype):
+    from ops import bert_step
+    model = bert_step.make_model("bert-base")
+    batches = bert_step.device_batches(64, 128)
+
+    def loss_of(fn, i):
+        ids, types, mask, labels = batches[i % len(batches)]
+        with torch.autocast("cuda", dtype=dtype):
+            return fn(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels).loss
+
+    return model, bert_step.make_optimizer(model), loss_of
+
+
+def swin_setup(dtype):
+    import timm
+    torch.manual_seed(1)
+    model = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, drop_path_rate=0.0).cuda().train()
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(128, 3, 224, 224, generator=g).cuda(), torch.randint(0, 1000, (128,), generator=g).cuda())
+               for _ in range(2)]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
+    def loss_of(fn, i):
+        images, labels = batches[i % len(batches)]
+        with torch.autocast("cuda", dtype=dtype):
+            return F.cross_entropy(fn(images).float(), labels, label_smoothing=0.1)
+
+    return model, optimizer, loss_of
+
+
+def run(setup, variant, dtype, warmup, steps):
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    torch._dynamo.reset()
+    model, optimizer, loss_of = setup(dtype)
+    report = fusekit.torch.patch(model, warn=False) if variant.startswith("fusekit") else None
+    fn = torch.compile(model) if variant.endswith("compile") else model
+    scaler = torch.amp.GradScaler("cuda", init_scale=1024.0, enabled=dtype == torch.float16)
+    times = []
+    for i in range(warmup + steps):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_of(fn, i)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        end.record()
+        if i >= warmup:
+            times.append((begin, end))
+    torch.cuda.synchronize()
+    ms = [b.elapsed_time(e) for b, e in times]
+    result = {"median_ms": statistics.median(ms), "q1_ms": statistics.quantiles(ms, n=4)[0],
+              "q3_ms": statistics.quantiles(ms, n=4)[2], "peak_bytes": torch.cuda.max_memory_reserved(),
+              "last_loss": float(loss), "fused": len(report.fused()) if report else 0}
+    del model, optimizer, fn
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="bert,swin")
+    parser.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
+    setups = {"bert": bert_setup, "swin": swin_setup}
+    results = {}
+    for name in args.models.split(","):
+        for variant in args.variants.split(","):
+            r = run(setups[name], variant, dtype, args.warmup, args.steps)
+            results[f"{name}/{variant}"] = r
+            eager = results.get(f"{name}/eager")
+            print(f"{name:5s} {variant:16s} {r['median_ms']:8.2f} ms (q1 {r['q1_ms']:.2f}, q3 {r['q3_ms']:.2f})  "
+                  f"peak {r['peak_bytes'] / 2**30:6.2f} GiB"
+                  + (f"  {eager['median_ms'] / r['median_ms']:5.2f}x eager" if eager else ""), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"dtype": args.dtype, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "autograd": os.environ.get("FUSEKIT_TORCH_AUTOGRAD", "python"), "results": results}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
