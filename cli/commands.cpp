@@ -425,18 +425,30 @@ int gate(const GateOptions& o) {
   }
   auto result = reports::run_gate(baseline_cases, reports::load_case_results(candidate.store, candidate.run), options);
   // The kernels of each case's repetitions: on request, and for the Markdown's regressed cases.
-  if (o.kernels || (result.any_regression() && !o.markdown_output.empty())) {
+  if (o.kernels || o.ranges || (result.any_regression() && !o.markdown_output.empty())) {
     std::set<reports::CaseKey> keys;
     for (const reports::GateRow& row : result.rows) keys.emplace(row.name, row.variant);
-    const auto repetition_kernels = [&](const OpenedRun& r) {
-      const profiler::Trace trace = r.store.load_trace(r.run);
+    struct Traced {
+      profiler::Trace trace;
+      profiler::Attribution attribution;
+    };
+    const auto traced = [&](const OpenedRun& r) {
+      Traced t{r.store.load_trace(r.run), {}};
       const auto projection = reports::is_training_step_run(r.store.run(r.run)) ? profiler::RangeProjection::unranged
                                                                                 : profiler::RangeProjection::none;
-      return reports::case_repetition_kernels(trace, profiler::attribute(trace, projection), keys);
+      t.attribution = profiler::attribute(t.trace, projection);
+      return t;
     };
+    const Traced base = traced(baseline), cand = traced(candidate);
     result.kernels =
-        reports::gate_kernels(result, repetition_kernels(baseline), repetition_kernels(candidate), options);
+        reports::gate_kernels(result, reports::case_repetition_kernels(base.trace, base.attribution, keys),
+                              reports::case_repetition_kernels(cand.trace, cand.attribution, keys), options);
     result.kernel_rows_requested = o.kernels;
+    if (o.ranges) {
+      result.ranges = reports::gate_kernels(
+          result, reports::case_repetition_ranges(base.trace, base.attribution, keys, o.range_depth),
+          reports::case_repetition_ranges(cand.trace, cand.attribution, keys, o.range_depth), options);
+    }
   }
   std::cout << baseline_text << reports::gate_table_text(result);
   if (!o.markdown_output.empty())

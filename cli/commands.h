@@ -111,6 +111,8 @@ struct GateOptions {
   std::string markdown_output;
   bool allow_too_few_samples = false;  // a case with too few samples to test does not fail the gate
   bool kernels = false;                // also test each case's kernels per traced repetition
+  bool ranges = false;                 // also test each case's NVTX ranges per traced repetition
+  int range_depth = 2;                 // how many range names below "rep" tell ranges apart
 };
 int gate(const GateOptions& o);
 

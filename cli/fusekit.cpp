@@ -184,6 +184,11 @@ int main(int argc, char** argv) {
                      "Pass even if some cases have too few samples to test (by default that fails)");
   gate_cmd->add_flag("--kernels", gate_options.kernels,
                      "Also test each case's kernels, one sample per traced repetition (shown, never failing)");
+  gate_cmd->add_flag("--ranges", gate_options.ranges,
+                     "Also test each case's NVTX ranges, GPU time per traced repetition (shown, never failing)");
+  gate_cmd->add_option("--range-depth", gate_options.range_depth, "Range names below \"rep\" that tell ranges apart")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
   gate_cmd->add_option("--markdown", gate_options.markdown_output, "Also write the table as Markdown to this file");
 
   // An unknown first word is an unknown subcommand (CLI11 would say "A subcommand is required").

@@ -104,9 +104,14 @@ std::map<std::pair<std::string, std::string>, VariantKernels> case_kernels(
   return out;
 }
 
-std::map<std::pair<std::string, std::string>, RepetitionKernels> case_repetition_kernels(
+namespace {
+
+// case_repetition_kernels and case_repetition_ranges: the samples of kernel i, of repetition `rep`,
+// go to key_of(i, rep).
+template <typename KeyOf>
+std::map<std::pair<std::string, std::string>, RepetitionKernels> repetition_samples(
     const profiler::Trace& trace, const profiler::Attribution& attribution,
-    const std::set<std::pair<std::string, std::string>>& cases) {
+    const std::set<std::pair<std::string, std::string>>& cases, const KeyOf& key_of) {
   using Key = std::pair<std::string, std::string>;
   std::unordered_map<std::string, const Key*> by_range_name;
   for (const Key& key : cases) by_range_name.emplace(key.first + " [" + key.second + "]", &key);
@@ -174,11 +179,43 @@ std::map<std::pair<std::string, std::string>, RepetitionKernels> case_repetition
     if (rep == profiler::kNoRange) continue;
     const profiler::KernelRecord& k = trace.kernels[i];
     RepetitionKernels& c = out[*case_of_rep[rep]];
-    std::vector<double>& samples = c.samples_ns[k.name];
+    std::vector<double>& samples = c.samples_ns[key_of(i, rep)];
     samples.resize(c.repetitions, 0.0);
     samples[ordinal[rep]] += static_cast<double>(k.end > k.start ? k.end - k.start : 0);
   }
   return out;
+}
+
+}  // namespace
+
+std::map<std::pair<std::string, std::string>, RepetitionKernels> case_repetition_kernels(
+    const profiler::Trace& trace, const profiler::Attribution& attribution,
+    const std::set<std::pair<std::string, std::string>>& cases) {
+  return repetition_samples(trace, attribution, cases, [&](size_t i, int) { return trace.kernels[i].name; });
+}
+
+std::map<std::pair<std::string, std::string>, RepetitionKernels> case_repetition_ranges(
+    const profiler::Trace& trace, const profiler::Attribution& attribution,
+    const std::set<std::pair<std::string, std::string>>& cases, int depth) {
+  return repetition_samples(trace, attribution, cases, [&](size_t i, int rep) {
+    // The names from the kernel's range up to (not including) the repetition's "rep" range.
+    std::vector<const std::string*> path;
+    const int range = attribution.kernel_range[i];
+    bool inside = false;
+    for (int r = range; r != profiler::kNoRange; r = attribution.range_parent[r]) {
+      if (r == rep) {
+        inside = true;
+        break;
+      }
+      path.push_back(&trace.ranges[r].text);
+    }
+    if (!inside || path.empty()) return std::string("(rep)");
+    std::string key;
+    for (int n = 0; n < depth && n < static_cast<int>(path.size()); ++n) {
+      key += (n ? " / " : "") + *path[path.size() - 1 - n];
+    }
+    return key;
+  });
 }
 
 }  // namespace fusekit::reports

@@ -57,4 +57,12 @@ std::map<std::pair<std::string, std::string>, RepetitionKernels> case_repetition
     const profiler::Trace& trace, const profiler::Attribution& attribution,
     const std::set<std::pair<std::string, std::string>>& cases);
 
+// The same per-repetition samples keyed by where the kernels ran instead of by kernel: the NVTX
+// ranges nested below the repetition's "rep" range, outermost first, cut to `depth` names and joined
+// by " / " ("bert.step / bert.forward"); kernels in no range below "rep" go to "(rep)". A range's
+// sample per repetition is the GPU time of the kernels attributed to it or to ranges nested in it.
+std::map<std::pair<std::string, std::string>, RepetitionKernels> case_repetition_ranges(
+    const profiler::Trace& trace, const profiler::Attribution& attribution,
+    const std::set<std::pair<std::string, std::string>>& cases, int depth);
+
 }  // namespace fusekit::reports

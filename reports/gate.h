@@ -77,6 +77,9 @@ struct GateResult {
   // Per row (same order) when the kernels were gated (gate_kernels); empty otherwise.
   std::vector<CaseKernelGate> kernels;
   bool kernel_rows_requested = false;  // the writers show every kernel row, not only the regressed cases' top 3
+  // Per row when the NVTX ranges were gated (gate_kernels over case_repetition_ranges): the same
+  // test on each range's GPU time per traced repetition ("kernel" holds the range's path).
+  std::vector<CaseKernelGate> ranges;
   bool any_regression() const;
 };
 

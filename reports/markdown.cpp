@@ -372,9 +372,10 @@ std::vector<std::vector<std::string>> gate_table_rows(const GateResult& result, 
   return rows;
 }
 
-std::vector<std::vector<std::string>> gate_kernel_rows(const CaseKernelGate& gate, size_t limit, bool markdown) {
-  std::vector<std::vector<std::string>> rows = {{"Baseline (us/rep)", "Candidate (us/rep)", "Moved (us/rep)",
-                                                 "Change (%)", "p-value", "Reps", "Verdict", "Kernel"}};
+std::vector<std::vector<std::string>> gate_kernel_rows(const CaseKernelGate& gate, size_t limit, bool markdown,
+                                                       const char* what) {
+  std::vector<std::vector<std::string>> rows = {
+      {"Baseline (us/rep)", "Candidate (us/rep)", "Moved (us/rep)", "Change (%)", "p-value", "Reps", "Verdict", what}};
   for (size_t i = 0; i < gate.rows.size() && i < limit; ++i) {
     const KernelGateRow& k = gate.rows[i];
     std::string verdict = verdict_name(k.verdict);
@@ -439,6 +440,17 @@ std::string gate_table_markdown(const GateResult& result) {
              " repetitions:\n\n";
       const std::string note = gate_kernel_note(gate);
       out += note.empty() ? markdown_table(gate_kernel_rows(gate, gate.rows.size(), true), 6) : note + "\n";
+    }
+    out += "\n</details>\n";
+  }
+  if (!result.ranges.empty()) {
+    out += "\n<details><summary>NVTX ranges per case (GPU time per traced repetition)</summary>\n";
+    for (const CaseKernelGate& gate : result.ranges) {
+      out += "\n" + markdown_code(gate.name + " [" + gate.variant + "]") + ", " +
+             std::to_string(gate.baseline_repetitions) + "/" + std::to_string(gate.candidate_repetitions) +
+             " repetitions:\n\n";
+      const std::string note = gate_kernel_note(gate);
+      out += note.empty() ? markdown_table(gate_kernel_rows(gate, gate.rows.size(), true, "Range"), 6) : note + "\n";
     }
     out += "\n</details>\n";
   }

@@ -65,7 +65,9 @@ std::vector<std::vector<std::string>> gate_table_rows(const GateResult& result, 
 // How many kernels the Markdown lists for each regressed case: those that moved most per repetition.
 inline constexpr size_t kGateTopKernels = 3;
 // A case's kernel rows (the first is the header), at most `limit` of them, in CaseKernelGate's order.
-std::vector<std::vector<std::string>> gate_kernel_rows(const CaseKernelGate& gate, size_t limit, bool markdown);
+// `what` heads the last column: "Kernel", or "Range" for the rows of GateResult::ranges.
+std::vector<std::vector<std::string>> gate_kernel_rows(const CaseKernelGate& gate, size_t limit, bool markdown,
+                                                       const char* what = "Kernel");
 // Why a case has no kernel rows ("no rep ranges in the baseline", ...), or "" if it has some.
 std::string gate_kernel_note(const CaseKernelGate& gate);
 // "1 regressed, 2 improved, 3 unchanged, 0 too few samples" and a newline.

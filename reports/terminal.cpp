@@ -138,12 +138,20 @@ std::string gate_table_text(const GateResult& result) {
   for (const std::string& c : result.only_in_baseline) out += "only in baseline:  " + c + "\n";
   for (const std::string& c : result.only_in_candidate) out += "only in candidate: " + c + "\n";
   for (const std::string& c : result.throttled_cases) out += "throttled: " + c + "\n";
-  if (!result.kernel_rows_requested) return out;
-  for (const CaseKernelGate& gate : result.kernels) {
-    out += "\n" + gate.name + " [" + gate.variant + "], " + std::to_string(gate.baseline_repetitions) + "/" +
-           std::to_string(gate.candidate_repetitions) + " repetitions:\n";
+  if (result.kernel_rows_requested) {
+    for (const CaseKernelGate& gate : result.kernels) {
+      out += "\n" + gate.name + " [" + gate.variant + "], " + std::to_string(gate.baseline_repetitions) + "/" +
+             std::to_string(gate.candidate_repetitions) + " repetitions:\n";
+      const std::string note = gate_kernel_note(gate);
+      out += note.empty() ? aligned_table(gate_kernel_rows(gate, gate.rows.size(), false), 6) : "  " + note + "\n";
+    }
+  }
+  for (const CaseKernelGate& gate : result.ranges) {
+    out += "\n" + gate.name + " [" + gate.variant + "], NVTX ranges, " + std::to_string(gate.baseline_repetitions) +
+           "/" + std::to_string(gate.candidate_repetitions) + " repetitions:\n";
     const std::string note = gate_kernel_note(gate);
-    out += note.empty() ? aligned_table(gate_kernel_rows(gate, gate.rows.size(), false), 6) : "  " + note + "\n";
+    out +=
+        note.empty() ? aligned_table(gate_kernel_rows(gate, gate.rows.size(), false, "Range"), 6) : "  " + note + "\n";
   }
   return out;
 }

@@ -69,6 +69,8 @@ check "gate wrote markdown" grep -q "|" "$work/gate.md"
 check "gate markdown names the regressed case's kernels" grep -q "Kernels that moved most in" "$work/gate.md"
 check_code 1 "gate --kernels: 30% regression" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/slow.db" --kernels
 check "gate --kernels says the case marks no repetitions" grep -q "no rep ranges in either run" "$work/last.out"
+check_code 0 "gate --ranges" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/same.db" --ranges --range-depth 1
+check "gate --ranges says the case marks no repetitions" grep -q "NVTX ranges, 0/0 repetitions" "$work/last.out"
 check_code 0 "gate: 30% slower passes a 40% threshold" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/slow.db" --threshold 40%
 check_code 0 "gate: improvement is not a regression" "$FUSEKIT" gate --baseline "$work/slow.db" --candidate "$work/a.db"
 # make_test_store writes 30 samples a case: with 40 required nothing is tested, which is no pass.

@@ -31,7 +31,7 @@ CaseResult make_case(const std::string& name, const std::string& variant, std::v
 // A hand-made trace of one case's traced repetitions, as the runner records them: a range "<case> [<variant>]"
 // on thread 1 holding `kernels_per_rep.size()` ranges "rep", each launching the given kernels (name,
 // duration) from thread 1; a name starting with '@' is launched from thread 2, which holds no range (as
-// autograd's thread does).
+// autograd's thread does); "a/b|name" launches the kernel inside ranges "a" and, nested in it, "b".
 class TraceBuilder {
  public:
   void add_case(const std::string& name, const std::string& variant,
@@ -42,7 +42,15 @@ class TraceBuilder {
     for (const auto& rep_kernels : kernels_per_rep) {
       const uint64_t rep_start = t_;
       t_ += 10;
-      for (const auto& [kernel, duration] : rep_kernels) {
+      for (const auto& [spec, duration] : rep_kernels) {
+        const size_t bar = spec.find('|');
+        const std::string kernel = bar == std::string::npos ? spec : spec.substr(bar + 1);
+        std::vector<std::string> path;
+        for (size_t at = 0; bar != std::string::npos && at < bar;) {
+          const size_t slash = std::min(spec.find('/', at), bar);
+          path.push_back(spec.substr(at, slash - at));
+          at = slash + 1;
+        }
         const bool other_thread = kernel[0] == '@';
         profiler::ApiRecord call;
         call.start = t_;
@@ -59,6 +67,10 @@ class TraceBuilder {
         k.process_id = 7;
         k.name = other_thread ? kernel.substr(1) : kernel;
         trace.kernels.push_back(k);
+        // Nested ranges around the launch, innermost last: each spans the launch call.
+        for (size_t depth = 0; depth < path.size(); ++depth) {
+          trace.ranges.push_back(range(path[depth], call.start - 2 + depth, call.end + 2 - depth));
+        }
         t_ += duration + 10;
       }
       if (mark_reps) trace.ranges.push_back(range("rep", rep_start, t_));
@@ -528,6 +540,52 @@ TEST(GateHistory, RunOfCommitTakesTheNewestFinishedMatch) {
   EXPECT_EQ(run_of_commit(history(), "fffffff"), 0);
   EXPECT_THROW(run_of_commit(history(), "aaaa"), std::invalid_argument);
   EXPECT_THROW(run_of_commit(history(), "main~1x"), std::invalid_argument);
+}
+
+// ---- Per NVTX range
+
+TEST(GateRanges, EachRangesTimePerRepetition) {
+  TraceBuilder b;
+  std::vector<std::vector<std::pair<std::string, uint64_t>>> reps;
+  for (int r = 0; r < 6; ++r) {
+    reps.push_back({{"fwd/layer.0|gemm", 100},
+                    {"fwd/layer.0|ln", 10},
+                    {"fwd/layer.1|gemm", 100 + 50 * (r % 2)},
+                    {"bwd|gemm", 300},
+                    {"adam", 20}});
+  }
+  b.add_case("step", "fused", reps);
+  const auto got = case_repetition_ranges(b.trace, profiler::attribute(b.trace), {{"step", "fused"}}, 2);
+  const RepetitionKernels& r = got.at({"step", "fused"});
+  EXPECT_EQ(r.repetitions, 6u);
+  EXPECT_EQ(r.samples_ns.at("fwd / layer.0"), std::vector<double>(6, 110));
+  EXPECT_EQ(r.samples_ns.at("fwd / layer.1"), (std::vector<double>{100, 150, 100, 150, 100, 150}));
+  EXPECT_EQ(r.samples_ns.at("bwd"), std::vector<double>(6, 300));
+  EXPECT_EQ(r.samples_ns.at("(rep)"), std::vector<double>(6, 20));
+  const auto outer = case_repetition_ranges(b.trace, profiler::attribute(b.trace), {{"step", "fused"}}, 1);
+  EXPECT_EQ(outer.at({"step", "fused"}).samples_ns.at("fwd")[1], 260);  // 100 + 10 + 150
+}
+
+TEST(GateRanges, ASlowerRangeIsFlaggedAndWritten) {
+  const auto reps_of = [](uint64_t layer1_ns) {
+    TraceBuilder b;
+    std::vector<std::vector<std::pair<std::string, uint64_t>>> reps(
+        6, {{"fwd/layer.0|gemm", 1000}, {"fwd/layer.1|gemm", layer1_ns}});
+    b.add_case("step", "fused", reps);
+    return b;
+  };
+  const TraceBuilder base = reps_of(1000), cand = reps_of(1500);
+  GateResult g = case_gate(4000, 6000);
+  g.rows[0].name = "step";
+  const std::set<CaseKey> keys = {{"step", "fused"}};
+  g.ranges = gate_kernels(g, case_repetition_ranges(base.trace, profiler::attribute(base.trace), keys, 2),
+                          case_repetition_ranges(cand.trace, profiler::attribute(cand.trace), keys, 2), GateOptions{});
+  ASSERT_EQ(g.ranges[0].rows.size(), 2u);
+  EXPECT_EQ(g.ranges[0].rows[0].kernel, "fwd / layer.1");  // moved most
+  EXPECT_EQ(g.ranges[0].rows[0].verdict, Verdict::regressed);
+  EXPECT_EQ(g.ranges[0].rows[1].verdict, Verdict::unchanged);
+  EXPECT_NE(gate_table_text(g).find("NVTX ranges, 6/6 repetitions"), std::string::npos) << gate_table_text(g);
+  EXPECT_NE(gate_table_markdown(g).find("| Range |"), std::string::npos);
 }
 
 // ---- GPU conditions
