@@ -63,5 +63,8 @@ TORCH_LIBRARY(fusekit, m) {
       "window_attention_backward(Tensor dout, Tensor qkv, Tensor table, Tensor index, Tensor? mask, Tensor out, "
       "Tensor bias, Tensor lse, float scale) -> (Tensor dqkv, Tensor dtable)");
   m.def("softmax(Tensor x, float scale, str mask, Tensor? lengths) -> Tensor y");
+  m.def(
+      "adamw_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, float lr, "
+      "float beta1, float beta2, float eps, float weight_decay, int step) -> ()");
   m.def("softmax_backward(Tensor y, Tensor dy, float scale) -> Tensor dx");
 }

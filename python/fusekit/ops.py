@@ -165,6 +165,11 @@ def _(dout, qkv, table, index, mask, out, bias, lse, scale):
     return torch.empty_like(qkv), torch.empty_like(table)
 
 
+@torch.library.register_fake("fusekit::adamw_step_")
+def _(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, step):
+    return None
+
+
 @torch.library.register_fake("fusekit::softmax")
 def _(x, scale, mask, lengths):
     return torch.empty_like(x)
@@ -446,3 +451,9 @@ def window_attention(qkv, table, index, mask, scale):
     heads, head_dim], index int32 [tokens, tokens], mask float32 [mask windows, tokens, tokens] or
     None -> [windows, tokens, heads * head_dim]."""
     return _ops.window_attention(qkv.contiguous(), table, index, mask, scale)[0]
+
+
+def adamw_step_(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, step):
+    """One AdamW step, in place, over lists of float32 CUDA tensors (torch.optim.AdamW's arithmetic);
+    `step` counts from 1. fusekit.torch.AdamW is the optimizer built on it."""
+    _ops.adamw_step_(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, step)

@@ -4,6 +4,7 @@
     report = fusekit.torch.patch(model)   # in place; returns what was fused and what was kept
     print(report)
     fusekit.torch.unpatch(model)          # back to the original classes
+    optimizer = fusekit.torch.AdamW(model.parameters(), lr=1e-4)   # fusekit's AdamW kernel
 
 Supported: Hugging Face BERT (BertModel, BertForMaskedLM, BertForPreTraining,
 BertForSequenceClassification and the other heads share its modules) and timm's SwinTransformer
@@ -22,6 +23,7 @@ if importlib.util.find_spec("torch") is None or missing():
     raise ImportError("fusekit.torch: " + "; ".join(missing()))
 
 from fusekit.torch import bert, swin  # noqa: E402 (after the check that makes its import errors readable)
+from fusekit.torch.optim import AdamW  # noqa: E402
 
 FUSED = {**bert.FUSED, **swin.FUSED}
 
@@ -78,4 +80,4 @@ def unpatch(model):
     return restored
 
 
-__all__ = ["patch", "unpatch", "Report"]
+__all__ = ["patch", "unpatch", "Report", "AdamW"]
