@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks that every relative link in the repository's Markdown documents points to a file or folder
-that exists: README.md, CONTRIBUTING.md and the hand-written Markdown under evidence/ (README.md and
+that exists: README.md, CONTRIBUTING.md, docs/ and the hand-written Markdown under evidence/ (README.md and
 notes/ of each GPU; the reports `fusekit report` writes hold no links of their own).
 
 Usage: markdown_links_test.py REPOSITORY_ROOT. Exits 1 and names each broken link otherwise.
@@ -17,6 +17,7 @@ def documents(root):
     for name in ("README.md", "CONTRIBUTING.md"):
         if (root / name).exists():
             yield root / name
+    yield from sorted((root / "docs").glob("*.md"))
     for gpu in sorted((root / "evidence").glob("*/")):
         if (gpu / "README.md").exists():
             yield gpu / "README.md"
