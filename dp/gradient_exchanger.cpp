@@ -185,7 +185,7 @@ float GradientExchanger::exchange(const models::FlatGradients& gradients, cudaSt
   }
   const int64_t step = step_++;
   record_ = ExchangeRecord{};
-  ran_sparse_ = ran_dense_ = probed_ = false;
+  ran_sparse_ = ran_dense_ = false;
   FUSEKIT_CUDA_CHECK(cudaEventRecord(events_[kStart], stream));
   if (options_.mode == ExchangeMode::automatic && chosen_ < 0) {
     // Probe: the sparse path on a copy (its sum thrown away), then the dense exchange for real.
@@ -203,7 +203,6 @@ float GradientExchanger::exchange(const models::FlatGradients& gradients, cudaSt
     probe_dense_ms_.push_back(dense_ms);
     record_.sparse = false;
     record_.density = 0;
-    probed_ = true;
     ran_dense_ = true;
     record_.probe_ms = sparse_ms;
     record_.probe_stats = sparse_stats;

@@ -109,7 +109,7 @@ class GradientExchanger final : public models::GradientExchange {
   void* probe_copy_ = nullptr;  // auto: the gradients the probe's sparse path reads
   cudaEvent_t events_[6] = {};
   unsigned long long* nonfinite_ = nullptr;  // device: the narrowing's count
-  bool ran_sparse_ = false, ran_dense_ = false, probed_ = false;
+  bool ran_sparse_ = false, ran_dense_ = false;
   ExchangeRecord record_;
   int64_t step_ = 0;
   std::vector<double> probe_dense_ms_, probe_sparse_ms_;
