@@ -63,6 +63,10 @@ TORCH_LIBRARY(fusekit, m) {
       "window_attention_backward(Tensor dout, Tensor qkv, Tensor table, Tensor index, Tensor? mask, Tensor out, "
       "Tensor bias, Tensor lse, float scale) -> (Tensor dqkv, Tensor dtable)");
   m.def("softmax(Tensor x, float scale, str mask, Tensor? lengths) -> Tensor y");
+  m.def("linear(Tensor x, Tensor weight, Tensor bias, str epilogue) -> (Tensor y, Tensor pre)");
+  m.def(
+      "linear_backward(Tensor dy, Tensor x, Tensor weight, Tensor pre, str epilogue) -> (Tensor dx, Tensor dweight, "
+      "Tensor dbias)");
   m.def(
       "adamw_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, float lr, "
       "float beta1, float beta2, float eps, float weight_decay, int step) -> ()");

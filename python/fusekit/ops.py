@@ -165,6 +165,17 @@ def _(dout, qkv, table, index, mask, out, bias, lse, scale):
     return torch.empty_like(qkv), torch.empty_like(table)
 
 
+@torch.library.register_fake("fusekit::linear")
+def _(x, weight, bias, epilogue):
+    y = x.new_empty((*x.shape[:-1], weight.shape[0]))
+    return y, (torch.empty_like(y) if epilogue == "bias_gelu" else x.new_empty((0,)))
+
+
+@torch.library.register_fake("fusekit::linear_backward")
+def _(dy, x, weight, pre, epilogue):
+    return torch.empty_like(x), torch.empty_like(weight), weight.new_empty((weight.shape[0],))
+
+
 @torch.library.register_fake("fusekit::adamw_step_")
 def _(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, step):
     return None
@@ -382,6 +393,23 @@ def _window_attention_backward(ctx, dout, _dbias, _dlse):
 _register_autograd("fusekit::window_attention", _window_attention_backward, setup_context=_window_attention_setup)
 
 
+def _linear_setup(ctx, inputs, output):
+    x, weight, bias, epilogue = inputs
+    y, pre = output
+    ctx.mark_non_differentiable(pre)
+    ctx.save_for_backward(x, weight, pre)
+    ctx.epilogue = epilogue
+
+
+def _linear_backward(ctx, dy, _dpre):
+    x, weight, pre = ctx.saved_tensors
+    dx, dweight, dbias = _ops.linear_backward(dy.contiguous(), x, weight, pre, ctx.epilogue)
+    return dx, dweight, dbias, None
+
+
+_register_autograd("fusekit::linear", _linear_backward, setup_context=_linear_setup)
+
+
 # ---- what users call
 
 
@@ -457,3 +485,9 @@ def adamw_step_(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, wei
     """One AdamW step, in place, over lists of float32 CUDA tensors (torch.optim.AdamW's arithmetic);
     `step` counts from 1. fusekit.torch.AdamW is the optimizer built on it."""
     _ops.adamw_step_(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, step)
+
+
+def linear(x, weight, bias, epilogue="bias"):
+    """torch.nn.functional.linear(x, weight, bias) as one cuBLASLt GEMM with its epilogue; with
+    epilogue "bias_gelu", gelu(...) in the tanh form (approximate="tanh") fused into the GEMM."""
+    return _ops.linear(x.contiguous(), weight, bias, epilogue)[0]

@@ -272,6 +272,19 @@ def test_window_attention(dtype, window, heads, head_dim, masked):
     compare(lambda qkv, table: fk.window_attention(qkv, table, index, mask, scale), reference, [qkv, table], dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("epilogue", ["bias", "bias_gelu"])
+@pytest.mark.parametrize("m,n,k", [(8192, 3072, 768), (77, 64, 100), (1, 8, 3)])
+def test_linear(dtype, epilogue, m, n, k):
+    x, w, b = randn(m, k), randn(n, k) * k ** -0.5, randn(n)
+
+    def reference(x, w, b):
+        y = F.linear(x, w, b)
+        return F.gelu(y, approximate="tanh") if epilogue == "bias_gelu" else y
+
+    compare(lambda x, w, b: fk.linear(x, w, b, epilogue), reference, [x, w, b], dtype)
+
+
 def opcheck_samples():
     h = torch.float16
     qkv = randn(2, 40, 3, 2, 64, dtype=h)
@@ -302,10 +315,12 @@ def opcheck_samples():
                              leaf(randn(128, dtype=h)), 1e-5)),
         (ops.window_attention, (leaf(randn(8, 49, 3, 2, 32, dtype=h)), leaf(randn(169, 2, dtype=h)),
                                 relative_position_index(7), torch.zeros(4, 49, 49, device=DEVICE), 32 ** -0.5)),
+        (ops.linear, (leaf(randn(6, 96, dtype=h)), leaf(randn(64, 96, dtype=h)), leaf(randn(64, dtype=h)),
+                      "bias_gelu")),
     ]
 
 
-@pytest.mark.parametrize("index", range(11))
+@pytest.mark.parametrize("index", range(12))
 def test_opcheck(index):
     op, args = opcheck_samples()[index]
     torch.library.opcheck(op, args)
