@@ -2,7 +2,9 @@
 // fused epilogue, y = x W^T + b ("bias") or y = gelu(x W^T + b) ("bias_gelu", the tanh form that
 // cuBLASLt computes; the pre-activation is returned for the backward). x [..., K], weight [N, K],
 // bias [N], one storage type; bias_gelu needs N % 8 == 0 (cuBLASLt's aux matrix). One cuBLASLt
-// context (handle, workspace, plans) per device, used under a lock.
+// context (handle, workspace, plans) per device, used under a lock: the lock orders the enqueueing,
+// not the GPU work, so GEMMs enqueued on two streams at once could share the workspace while both
+// run (kernels/linear.h: a context serves one stream). One stream per device, as training uses.
 #include <torch/library.h>
 
 #include <map>

@@ -36,8 +36,15 @@ Checked check(const at::Tensor& qkv, const at::Tensor& table, const at::Tensor& 
   const int64_t tokens = qkv.size(1), heads = qkv.size(3);
   TORCH_CHECK_VALUE(index.dim() == 2 && index.size(0) == tokens && index.size(1) == tokens,
                     text("fusekit::", op, ": index must be [", tokens, ", ", tokens, "], not ", index.sizes()));
-  TORCH_CHECK_VALUE(table.dim() == 2 && table.size(1) == heads,
-                    text("fusekit::", op, ": table must be [entries, ", heads, "], not ", table.sizes()));
+  // tokens = window^2; the table has an entry per relative offset, (2 window - 1)^2, which the
+  // index addresses and the backward writes.
+  int64_t window = 1;
+  while (window * window < tokens) ++window;
+  TORCH_CHECK_VALUE(window * window == tokens,
+                    text("fusekit::", op, ": ", tokens, " tokens per window is not a square window"));
+  const int64_t entries = (2 * window - 1) * (2 * window - 1);
+  TORCH_CHECK_VALUE(table.dim() == 2 && table.size(0) == entries && table.size(1) == heads,
+                    text("fusekit::", op, ": table must be [", entries, ", ", heads, "], not ", table.sizes()));
   TORCH_CHECK_VALUE(scale > 0, text("fusekit::", op, ": scale must be positive, not ", scale));
   int mask_windows = 0;
   const float* mask_data = nullptr;

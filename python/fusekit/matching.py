@@ -149,11 +149,16 @@ def _swin_block(m):
 
 
 def _patch_merging(m):
-    if not _affine_layer_norm(getattr(m, "norm", None)):
+    norm = getattr(m, "norm", None)
+    if not _affine_layer_norm(norm):
         return False, "norm is not an affine LayerNorm"
     reduction = getattr(m, "reduction", None)
     if reduction is None or getattr(reduction, "bias", None) is not None:
         return False, "reduction with a bias"
+    # timm's Swin normalizes the 4C gathered channels before the reduction; SwinV2's PatchMerging
+    # (same name) reduces first and normalizes the 2C outputs.
+    if tuple(getattr(norm, "normalized_shape", ())) != (getattr(reduction, "in_features", None),):
+        return False, "the norm is not over the reduction's input (SwinV2's order: reduction, then norm)"
     return True, "2x2 gather + LayerNorm (patch_merging) + reduction GEMM"
 
 

@@ -161,10 +161,19 @@ class MatchingTest(unittest.TestCase):
 
     def test_patch_merging(self):
         norm = stand_in("LayerNorm", weight=object(), bias=object(), normalized_shape=(384,))
-        self.assertTrue(matching.decide("m", stand_in("PatchMerging", norm=norm, reduction=linear(bias=False))).fused)
-        kept = matching.decide("m", stand_in("PatchMerging", norm=norm, reduction=linear(bias=True)))
+
+        def reduction(bias=False, in_features=384):
+            return stand_in("Linear", weight=object(), bias=object() if bias else None, in_features=in_features)
+
+        self.assertTrue(matching.decide("m", stand_in("PatchMerging", norm=norm, reduction=reduction())).fused)
+        kept = matching.decide("m", stand_in("PatchMerging", norm=norm, reduction=reduction(bias=True)))
         self.assertFalse(kept.fused)
         self.assertIn("bias", kept.reason)
+        # SwinV2's PatchMerging: reduction 4C -> 2C, then a norm over 2C.
+        v2_norm = stand_in("LayerNorm", weight=object(), bias=object(), normalized_shape=(192,))
+        v2 = matching.decide("m", stand_in("PatchMerging", norm=v2_norm, reduction=reduction()))
+        self.assertFalse(v2.fused)
+        self.assertIn("SwinV2", v2.reason)
 
     def test_summary_counts_modules_per_decision(self):
         decisions = [matching.decide(f"l{i}", attention()) for i in range(12)] + [matching.decide("x", attention(48))]

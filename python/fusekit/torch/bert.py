@@ -23,9 +23,8 @@ HALF = (torch.float16, torch.bfloat16)
 
 
 def compute_dtype(x):
-    """The dtype the fused ops run in for input x."""
-    if x.dtype in HALF:
-        return x.dtype
+    """The dtype the fused ops run in for input x: autocast's where it is on (its GEMMs produce
+    that dtype whatever x's is), else x's."""
     if x.is_cuda and torch.is_autocast_enabled("cuda"):
         dtype = torch.get_autocast_dtype("cuda")
         if dtype in HALF:
@@ -66,10 +65,11 @@ class FusedBertEmbeddings:
         batch, seq = input_ids.shape
         if position_ids is None:
             position_ids = self.position_ids[:, past_key_values_length:past_key_values_length + seq]
-        position_ids = position_ids.expand(batch, seq)
+        position_ids = position_ids.expand(batch, seq).long()
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        token_type_ids = token_type_ids.expand(batch, seq)
+        token_type_ids = token_type_ids.expand(batch, seq).long()
+        input_ids = input_ids.long()  # the kernel reads int64 ids, as nn.Embedding takes any integer type
         word = self.word_embeddings
         norm = self.LayerNorm
         # In the tables' dtype (float32 under autocast, as nn.Embedding and LayerNorm run there).
@@ -84,7 +84,8 @@ class FusedBertSelfAttention:
         dtype = compute_dtype(hidden_states)
         batch, seq = hidden_states.shape[:2]
         lengths = None
-        if (past_key_values is None and not kwargs.get("output_attentions") and kwargs.get("head_mask") is None
+        wants_weights = kwargs.get("output_attentions") or getattr(self.config, "output_attentions", False)
+        if (past_key_values is None and not wants_weights and kwargs.get("head_mask") is None
                 and kwargs.get("encoder_hidden_states") is None and dtype in HALF and hidden_states.is_cuda
                 and hidden_states.dim() == 3):
             lengths = key_padding_lengths(attention_mask, batch, seq, hidden_states.device)
