@@ -37,13 +37,13 @@ const char* type_name(ElementType type, kernels::DType storage) {
   return "?";
 }
 
-std::string mib(size_t bytes) {
+}  // namespace
+
+std::string mebibytes(size_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
   return text;
 }
-
-}  // namespace
 
 const char* buffer_kind_name(BufferKind kind) {
   switch (kind) {
@@ -61,7 +61,8 @@ const char* buffer_kind_name(BufferKind kind) {
   return "?";
 }
 
-MemoryPlan::MemoryPlan(const BertConfig& config, const KernelWorkspaces& workspaces) : config_(config) {
+MemoryPlan::MemoryPlan(const BertConfig& config, const KernelWorkspaces& workspaces)
+    : config_(config), arena_(config.dtype) {
   validate(config);
   const int64_t B = config.batch, S = config.sequence, N = config.tokens(), H = config.hidden;
   const int64_t I = config.intermediate, V = config.vocab, heads = config.heads;
@@ -126,7 +127,7 @@ MemoryPlan::MemoryPlan(const BertConfig& config, const KernelWorkspaces& workspa
   parameter_bytes_ = layout.flat_bytes();
 }
 
-void MemoryPlan::add(std::string name, BufferKind kind, int layer, std::vector<int64_t> shape, ElementType type) {
+void BufferArena::add(std::string name, BufferKind kind, int layer, std::vector<int64_t> shape, ElementType type) {
   size_t elements = 1;
   for (int64_t d : shape) elements *= static_cast<size_t>(d);
   PlannedBuffer b;
@@ -135,13 +136,13 @@ void MemoryPlan::add(std::string name, BufferKind kind, int layer, std::vector<i
   b.layer = layer;
   b.shape = std::move(shape);
   b.type = type;
-  b.bytes = elements * element_bytes(type, config_.dtype);
+  b.bytes = elements * element_bytes(type, storage_);
   b.offset = arena_bytes_;
   arena_bytes_ += (b.bytes + kAlignment - 1) / kAlignment * kAlignment;
   buffers_.push_back(std::move(b));
 }
 
-void MemoryPlan::add_workspace(std::string name, size_t bytes) {
+void BufferArena::add_workspace(std::string name, size_t bytes) {
   PlannedBuffer b;
   b.name = std::move(name);
   b.kind = BufferKind::workspace;
@@ -152,19 +153,40 @@ void MemoryPlan::add_workspace(std::string name, size_t bytes) {
   buffers_.push_back(std::move(b));
 }
 
-const PlannedBuffer& MemoryPlan::buffer(std::string_view name) const {
+const PlannedBuffer& BufferArena::buffer(std::string_view name) const {
   for (const PlannedBuffer& b : buffers_) {
     if (b.name == name) return b;
   }
   throw std::out_of_range("memory plan: no buffer '" + std::string(name) + "'");
 }
 
-size_t MemoryPlan::bytes_of(BufferKind kind) const {
+size_t BufferArena::bytes_of(BufferKind kind) const {
   size_t bytes = 0;
   for (const PlannedBuffer& b : buffers_) {
     if (b.kind == kind) bytes += b.bytes;
   }
   return bytes;
+}
+
+std::string BufferArena::table() const {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line, "%-36s %-9s %-18s %-5s %14s %14s\n", "buffer", "kind", "shape", "type", "bytes",
+                "offset");
+  out += line;
+  for (const PlannedBuffer& b : buffers_) {
+    std::string shape;
+    for (size_t i = 0; i < b.shape.size(); ++i) shape += (i ? "x" : "") + std::to_string(b.shape[i]);
+    std::snprintf(line, sizeof line, "%-36s %-9s %-18s %-5s %14zu %14zu\n", b.name.c_str(), buffer_kind_name(b.kind),
+                  shape.empty() ? "-" : shape.c_str(), type_name(b.type, storage_), b.bytes, b.offset);
+    out += line;
+  }
+  for (BufferKind kind :
+       {BufferKind::input, BufferKind::saved, BufferKind::output, BufferKind::gradient, BufferKind::workspace}) {
+    out += std::string("  ") + buffer_kind_name(kind) + ": " + mebibytes(bytes_of(kind)) + "\n";
+  }
+  out += "  arena (aligned to " + std::to_string(kAlignment) + " bytes): " + mebibytes(arena_bytes_) + "\n";
+  return out;
 }
 
 size_t MemoryPlan::trainer_bytes(bool master_weights) const {
@@ -174,25 +196,10 @@ size_t MemoryPlan::trainer_bytes(bool master_weights) const {
 
 std::string MemoryPlan::table() const {
   std::string out = "memory plan: " + config_.spec() + ", " + std::to_string(masked_rows_) + " masked rows\n";
-  char line[256];
-  std::snprintf(line, sizeof line, "%-36s %-9s %-18s %-5s %14s %14s\n", "buffer", "kind", "shape", "type", "bytes",
-                "offset");
-  out += line;
-  for (const PlannedBuffer& b : buffers_) {
-    std::string shape;
-    for (size_t i = 0; i < b.shape.size(); ++i) shape += (i ? "x" : "") + std::to_string(b.shape[i]);
-    std::snprintf(line, sizeof line, "%-36s %-9s %-18s %-5s %14zu %14zu\n", b.name.c_str(), buffer_kind_name(b.kind),
-                  shape.empty() ? "-" : shape.c_str(), type_name(b.type, config_.dtype), b.bytes, b.offset);
-    out += line;
-  }
-  for (BufferKind kind :
-       {BufferKind::input, BufferKind::saved, BufferKind::output, BufferKind::gradient, BufferKind::workspace}) {
-    out += std::string("  ") + buffer_kind_name(kind) + ": " + mib(bytes_of(kind)) + "\n";
-  }
-  out += "  arena (aligned to " + std::to_string(kAlignment) + " bytes): " + mib(arena_bytes_) + "\n";
-  out += "  parameters + gradients + AdamW state (outside the arena): " + mib(trainer_bytes(false)) +
-         " (with fp32 master weights: " + mib(trainer_bytes(true)) + ")\n";
-  out += "  total: " + mib(total_bytes(false)) + " (with master weights: " + mib(total_bytes(true)) + ")\n";
+  out += arena_.table();
+  out += "  parameters + gradients + AdamW state (outside the arena): " + mebibytes(trainer_bytes(false)) +
+         " (with fp32 master weights: " + mebibytes(trainer_bytes(true)) + ")\n";
+  out += "  total: " + mebibytes(total_bytes(false)) + " (with master weights: " + mebibytes(total_bytes(true)) + ")\n";
   return out;
 }
 

@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "models/bert_config.h"
@@ -67,6 +68,31 @@ struct PlannedBuffer {
   size_t offset = 0;  // into the arena, a multiple of MemoryPlan::kAlignment
 };
 
+// Buffers laid end to end in one arena, each at a multiple of kAlignment: what every model's plan
+// (BERT's MemoryPlan below, models/swin_memory_plan.h) is built of.
+class BufferArena {
+ public:
+  static constexpr size_t kAlignment = 256;  // cudaMalloc's alignment: every buffer as if allocated alone
+
+  explicit BufferArena(kernels::DType storage) : storage_(storage) {}
+  void add(std::string name, BufferKind kind, int layer, std::vector<int64_t> shape, ElementType type);
+  void add_workspace(std::string name, size_t bytes);
+
+  const std::vector<PlannedBuffer>& buffers() const { return buffers_; }
+  const PlannedBuffer& buffer(std::string_view name) const;  // throws std::out_of_range
+  size_t arena_bytes() const { return arena_bytes_; }
+  size_t bytes_of(BufferKind kind) const;  // unpadded sum
+  // One row per buffer (name, kind, shape, type, bytes, offset), then the totals per kind and the arena.
+  std::string table() const;
+
+ private:
+  kernels::DType storage_;
+  std::vector<PlannedBuffer> buffers_;
+  size_t arena_bytes_ = 0;
+};
+
+std::string mebibytes(size_t bytes);  // "12.34 MiB"
+
 // Bytes of the kernels' backward workspaces for the plan's shapes, from their *_workspace_bytes
 // functions (kernels/*.h), which the GPU step calls: they depend on the device. Zero leaves one out.
 // bert_attention's is known from its header (a float per sequence, head and query) and is always
@@ -80,32 +106,33 @@ struct KernelWorkspaces {
 
 class MemoryPlan {
  public:
-  static constexpr size_t kAlignment = 256;  // cudaMalloc's alignment: every buffer as if allocated alone
+  static constexpr size_t kAlignment = BufferArena::kAlignment;
 
   MemoryPlan(const BertConfig& config, const KernelWorkspaces& workspaces = {});
 
   const BertConfig& config() const { return config_; }
   int masked_rows() const { return masked_rows_; }  // M
-  const std::vector<PlannedBuffer>& buffers() const { return buffers_; }
-  const PlannedBuffer& buffer(std::string_view name) const;  // throws std::out_of_range
-  size_t arena_bytes() const { return arena_bytes_; }
-  size_t bytes_of(BufferKind kind) const;  // unpadded sum
+  const std::vector<PlannedBuffer>& buffers() const { return arena_.buffers(); }
+  const PlannedBuffer& buffer(std::string_view name) const { return arena_.buffer(name); }
+  size_t arena_bytes() const { return arena_.arena_bytes(); }
+  size_t bytes_of(BufferKind kind) const { return arena_.bytes_of(kind); }
   // Parameters, gradients and the AdamW state outside the arena (see above), for the report.
   size_t parameter_bytes() const { return parameter_bytes_; }
   size_t trainer_bytes(bool master_weights) const;
-  size_t total_bytes(bool master_weights) const { return arena_bytes_ + trainer_bytes(master_weights); }
+  size_t total_bytes(bool master_weights) const { return arena_bytes() + trainer_bytes(master_weights); }
 
   // A table for reports: one row per buffer (name, kind, shape, type, bytes, offset), then totals.
   std::string table() const;
 
  private:
-  void add(std::string name, BufferKind kind, int layer, std::vector<int64_t> shape, ElementType type);
-  void add_workspace(std::string name, size_t bytes);
+  void add(std::string name, BufferKind kind, int layer, std::vector<int64_t> shape, ElementType type) {
+    arena_.add(std::move(name), kind, layer, std::move(shape), type);
+  }
+  void add_workspace(std::string name, size_t bytes) { arena_.add_workspace(std::move(name), bytes); }
 
   BertConfig config_;
+  BufferArena arena_;
   int masked_rows_ = 0;
-  std::vector<PlannedBuffer> buffers_;
-  size_t arena_bytes_ = 0;
   size_t parameter_bytes_ = 0;
   size_t parameter_elements_ = 0;
 };
