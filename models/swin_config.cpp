@@ -162,4 +162,30 @@ void validate(const SwinConfig& c) {
   }
 }
 
+std::vector<float> swin_shift_mask(int resolution, int window, int shift) {
+  if (resolution < 1 || window < 1 || resolution % window != 0 || shift < 0 || shift >= window) {
+    throw std::invalid_argument("swin_shift_mask: resolution " + std::to_string(resolution) + ", window " +
+                                std::to_string(window) + ", shift " + std::to_string(shift) +
+                                ": the resolution must be a multiple of the window and 0 <= shift < window");
+  }
+  // timm labels the shifted image's regions by row band and column band: [0, R - window),
+  // [R - window, R - shift), [R - shift, R), each band a count 0..2, the region 3 x row + column.
+  const auto band = [&](int coordinate) {
+    return coordinate < resolution - window ? 0 : coordinate < resolution - shift ? 1 : 2;
+  };
+  const int per_side = resolution / window, windows = per_side * per_side, n = window * window;
+  std::vector<float> mask(static_cast<size_t>(windows) * n * n);
+  std::vector<int> region(n);
+  for (int w = 0; w < windows; ++w) {
+    const int wh = w / per_side, ww = w % per_side;
+    for (int t = 0; t < n; ++t) region[t] = 3 * band(wh * window + t / window) + band(ww * window + t % window);
+    for (int i = 0; i < n; ++i) {
+      for (int j = 0; j < n; ++j) {
+        mask[(static_cast<size_t>(w) * n + i) * n + j] = region[i] == region[j] ? 0.f : -100.f;
+      }
+    }
+  }
+  return mask;
+}
+
 }  // namespace fusekit::models

@@ -69,6 +69,13 @@ std::vector<std::string> swin_preset_names();
 // result is validated. Throws std::invalid_argument with one message per mistake.
 SwinConfig parse_swin_config(std::string_view spec);
 
+// The shift mask of timm's shifted windows (SwinTransformerBlock.get_attn_mask) for a stage of
+// resolution x resolution tokens, `window` x `window` windows and a cyclic shift of `shift`: per window
+// of one image (nW = (resolution / window)^2, in window_partition's order) and pair of its tokens
+// (i, j), 0 where both tokens came from the same region of the shifted image and -100 otherwise:
+// [nW, window^2, window^2], row-major, float (kernels/window_attention.h's mask).
+std::vector<float> swin_shift_mask(int resolution, int window, int shift);
+
 // Throws std::invalid_argument with one message for the first thing wrong: sizes < 1, no stages or
 // heads not given per stage, image_size not a multiple of patch, a patch grid that does not halve
 // down to the last stage, a stage grid that is not a multiple of the window (timm pads; the fused

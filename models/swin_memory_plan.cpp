@@ -27,6 +27,17 @@ SwinMemoryPlan::SwinMemoryPlan(const SwinConfig& config, const SwinKernelWorkspa
 
   arena_.add("input.images", K::input, -1, {B, config.in_channels, image, image}, E::storage);
   arena_.add("input.labels", K::input, -1, {B}, E::i64);
+  // Constants, written once: the relative position index of a window (every stage's windows have
+  // config.window_tokens() tokens, the last stage's grid being one window where it is no larger),
+  // and each shifting stage's mask (models/swin_config.h swin_shift_mask).
+  const int64_t window_tokens = config.window_tokens();
+  arena_.add("window.index", K::input, -1, {window_tokens, window_tokens}, E::i32);
+  for (int s = 0; s < config.stages(); ++s) {
+    if (!config.stage_shifts(s)) continue;
+    const int64_t per_side = config.stage_resolution(s) / config.window;
+    arena_.add("stage." + std::to_string(s) + ".mask", K::input, -1,
+               {per_side * per_side, window_tokens, window_tokens}, E::f32);
+  }
   // The convolution as a GEMM: each image patch's pixels as a row (channel, row, column order, as
   // the Conv2d weight [C, in_channels, P, P] flattens), then its output and timm's patch norm.
   arena_.add("patch_embed.columns", K::saved, -1, {T0, patch_features}, E::storage);
@@ -100,6 +111,9 @@ SwinMemoryPlan::SwinMemoryPlan(const SwinConfig& config, const SwinKernelWorkspa
   arena_.add("grad.qkv", K::gradient, -1, {largest_qkv}, E::storage);
   arena_.add("grad.hidden", K::gradient, -1, {largest_hidden}, E::storage);
   arena_.add("grad.patch_embed", K::gradient, -1, {T0, C}, E::storage);
+  // Where a kernel writes a gradient nothing reads (the pre-LN backward's bias and residual outputs
+  // that another buffer already holds): [T0 x C], the largest a stream row set needs.
+  arena_.add("grad.unused", K::gradient, -1, {largest_tokens_by_width}, E::storage);
 
   const size_t backward = std::max({workspaces.layernorm, workspaces.window_partition, workspaces.patch_merging,
                                     workspaces.bias_gelu, workspaces.window_attention});

@@ -180,5 +180,28 @@ TEST(SwinConfig, ValidationNamesEachLimit) {
   EXPECT_NE(error(c).find("tokens is too large"), std::string::npos);
 }
 
+TEST(SwinShiftMask, TimmsRegions) {
+  // Resolution 14, window 7, shift 3: window 0 (rows and columns 0..6) lies in one region; window 3
+  // (rows and columns 7..13) in four: rows 7..10 and 11..13 by columns 7..10 and 11..13, of 16, 12, 12
+  // and 9 tokens, so 16^2 + 12^2 + 12^2 + 9^2 = 625 of its 49^2 pairs share a region.
+  const std::vector<float> mask = swin_shift_mask(14, 7, 3);
+  ASSERT_EQ(mask.size(), 4u * 49 * 49);
+  const auto zeros = [&](int w) {
+    int n = 0;
+    for (int k = 0; k < 49 * 49; ++k) n += mask[static_cast<size_t>(w) * 49 * 49 + k] == 0.f;
+    return n;
+  };
+  EXPECT_EQ(zeros(0), 49 * 49);
+  EXPECT_EQ(zeros(3), 625);
+  // Windows 1 and 2 (top right, bottom left) split in two bands: 28^2 + 21^2 pairs.
+  EXPECT_EQ(zeros(1), 28 * 28 + 21 * 21);
+  EXPECT_EQ(zeros(2), 28 * 28 + 21 * 21);
+  // Token (0, 0) of window 3 (image row 7, column 7) against token (6, 6) (row 13, column 13).
+  EXPECT_EQ(mask[(3 * 49 + 0) * 49 + 48], -100.f);
+  for (float v : mask) EXPECT_TRUE(v == 0.f || v == -100.f);
+  EXPECT_THROW(swin_shift_mask(14, 7, 7), std::invalid_argument);
+  EXPECT_THROW(swin_shift_mask(15, 7, 3), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace fusekit::models
