@@ -15,6 +15,7 @@
 #include "kernels/gather_rows.h"
 #include "kernels/layernorm.h"
 #include "models/bert_checkpoint.h"
+#include "models/host_tensors.h"
 #include "models/storage_conversion.h"
 #include "profiler/range.h"
 
@@ -442,29 +443,13 @@ void FusedBert::enqueue_step(int batch_index, cudaStream_t stream) {
   last_stream_ = stream;
 }
 
-float FusedBert::last_loss() {
-  float loss = 0.f;
-  if (!last_stream_) return loss;
-  FUSEKIT_CUDA_CHECK(
-      cudaMemcpyAsync(&loss, buffer("head.mean_loss"), sizeof(float), cudaMemcpyDeviceToHost, last_stream_));
-  FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(last_stream_));
-  return loss;
-}
+float FusedBert::last_loss() { return last_stream_ ? read_device_float(buffer("head.mean_loss"), last_stream_) : 0.f; }
 
 std::vector<HostTensor> FusedBert::host_tensors(const void* flat, float scale) const {
-  FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<std::byte> host(layout_.flat_bytes());
-  FUSEKIT_CUDA_CHECK(cudaMemcpy(host.data(), flat, host.size(), cudaMemcpyDeviceToHost));
-  std::vector<std::byte> scratch;
-  std::vector<HostTensor> out;
-  for (const TensorView& view : bert_state_dict_views(layout_, host, scratch)) {
-    HostTensor t{view.name, view.shape, std::vector<float>(view.elements())};
-    convert_storage(*storage_type(view.type), view.bytes.data(), DType::f32,
-                    reinterpret_cast<std::byte*>(t.values.data()), t.values.size());
-    for (float& v : t.values) v /= scale;
-    out.push_back(std::move(t));
-  }
-  return out;
+  std::vector<std::byte> scratch;  // the views of the packed QKV's split tensors point into it
+  return models::host_tensors(flat, layout_.flat_bytes(), scale, [&](std::span<const std::byte> host) {
+    return bert_state_dict_views(layout_, host, scratch);
+  });
 }
 
 std::vector<HostTensor> FusedBert::gradients() { return host_tensors(trainer_->gradients(), loss_scale_); }
