@@ -47,13 +47,6 @@ double step_flops(const models::BertConfig& c) {
   return 3 * (c.layers * per_layer + head);
 }
 
-// Device memory in use now (all allocations on the device, this process's context included).
-double device_bytes_in_use() {
-  size_t free = 0, total = 0;
-  FUSEKIT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-  return static_cast<double>(total - free);
-}
-
 struct StepOperands {
   std::unique_ptr<models::BertMlmModel> model;
   double bytes_before = 0;  // device memory in use before the model was built

@@ -106,4 +106,10 @@ kernels::DType parse_dtype(const std::string& text) {
   throw std::invalid_argument("unsupported dtype '" + text + "': expected fp32, fp16 or bf16");
 }
 
+double device_bytes_in_use() {
+  size_t free = 0, total = 0;
+  FUSEKIT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return static_cast<double>(total - free);
+}
+
 }  // namespace fusekit::suites

@@ -55,4 +55,8 @@ Shape2 parse_shape2(const std::string& text);
 
 kernels::DType parse_dtype(const std::string& text);  // fp32 | fp16 | bf16
 
+// Device memory in use now (all allocations on the device, this process's context included): what
+// a whole training step's case subtracts from its peak to report its own memory.
+double device_bytes_in_use();
+
 }  // namespace fusekit::suites

@@ -131,10 +131,6 @@ std::vector<Case> ops_cases(const OpsRequest& request) {
   std::vector<Case> cases;
   for_each_selected_case(request,
                          [&](const OpDefinition& op, const std::string& shape, kernels::DType dtype, bool backward) {
-                           if (!op.cases) {
-                             op.peer_case(shape, dtype);  // checks the shape; the peers time the case
-                             return;
-                           }
                            for (Case& c : op.cases(shape, dtype, backward)) cases.push_back(std::move(c));
                          });
   return cases;
@@ -145,10 +141,6 @@ std::vector<ListedCase> list_ops_cases(const OpsRequest& request) {
   // Building a case's variants allocates no device memory (that is their setup's work); the
   // variants share one description, which is the listed case's.
   auto list = [&](const OpDefinition& op, const std::string& shape, kernels::DType dtype, bool backward) {
-    if (!op.cases) {
-      listed.push_back({op.peer_case(shape, dtype), backward});
-      return;
-    }
     const std::vector<Case> variants = op.cases(shape, dtype, backward);
     if (variants.empty()) throw std::logic_error("operator '" + op.name + "' built no case for " + shape);
     ListedCase c;

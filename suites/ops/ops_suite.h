@@ -34,9 +34,6 @@ struct OpDefinition {
   // The cases of one shape, dtype and direction: fused, and the libtorch baseline where built in.
   // Throws std::invalid_argument for a shape it cannot parse or does not support.
   std::function<std::vector<Case>(const std::string& shape, kernels::DType dtype, bool backward)> cases;
-  // An operator that only the peers time yet (no fused or baseline variant: `cases` is empty): the
-  // description of its case, which the listing hands to the peers. Throws as `cases` does.
-  std::function<store::CaseInfo(const std::string& shape, kernels::DType dtype)> peer_case;
 };
 
 // The suites operators belong to.

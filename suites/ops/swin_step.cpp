@@ -1,16 +1,28 @@
 // The models suite's Swin cases: one whole image-classification training step (forward, backward,
-// AdamW) of timm's Swin Transformer per repetition. Timed by the peers alone for now
-// (scripts/peers/ops/swin_step.py: timm's model under AMP, eager and torch.compile, and the same
-// model patched by fusekit.torch, eager and compiled); the fused and libtorch variants follow the
-// BERT step's (models/) when the fused Swin model exists. Direction "fwd" only, as bert_step.
+// AdamW) per repetition, for Swin-T at batch 128 and Swin-B at batch 64. Direction "fwd" only, as
+// bert_step.
 //
-// Shapes are models/swin_config.h's specs without the dtype: "swin-t:b128". The case's flops are
-// the step's matrix products (the forward's x 3), window attention's included.
+//   fused      models/swin_fused.h: fusekit's kernels, memory planned once, fp32 master weights
+// Peers (scripts/peers/ops/swin_step.py): timm's model under AMP, eager and torch.compile, and the
+// same model patched by fusekit.torch, eager and compiled. The libtorch baseline variant follows.
+//
+// Shapes are models/swin_config.h's specs without the dtype: "swin-t:b128". Every variant starts
+// from random weights of timm's initializer's distribution (models/swin_init.h, seed 1) and rotates
+// through two sets of random images and labels (seed 0). The case's flops are the step's matrix
+// products (the forward's x 3), window attention's included. Each variant also stores its peak
+// device memory ("peak_memory_bytes", as bert_step's).
 #include <algorithm>
+#include <memory>
+#include <optional>
+#include <random>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "kernels/cuda_check.h"
 #include "models/swin_config.h"
+#include "models/swin_fused.h"
+#include "models/swin_init.h"
 #include "suites/ops/ops_suite.h"
 
 namespace fusekit::suites {
@@ -33,6 +45,49 @@ double step_flops(const models::SwinConfig& c) {
   return 2 * 3 * forward;
 }
 
+constexpr int kSets = 2;
+
+struct StepOperands {
+  std::unique_ptr<models::FusedSwin> model;
+  double bytes_before = 0;  // device memory in use before the model was built
+};
+
+std::vector<models::SwinBatch> random_batches(const models::SwinConfig& c) {
+  std::mt19937_64 rng(0);
+  std::normal_distribution<float> pixel;
+  std::uniform_int_distribution<int64_t> label(0, c.classes - 1);
+  std::vector<models::SwinBatch> batches(kSets);
+  for (models::SwinBatch& b : batches) {
+    b.images.resize(static_cast<size_t>(c.batch) * c.in_channels * c.image_size * c.image_size);
+    for (float& v : b.images) v = pixel(rng);
+    for (int i = 0; i < c.batch; ++i) b.labels.push_back(label(rng));
+  }
+  return batches;
+}
+
+std::vector<Case> swin_step_cases(const std::string& shape, kernels::DType dtype) {
+  const models::SwinConfig config = models::parse_swin_config(shape + ":" + models::dtype_spec_name(dtype));
+  store::CaseInfo info = make_case_info("swin_step", shape, dtype, false, 0);
+  info.flops = step_flops(config);
+  info.variant = "fused";
+  auto operands = std::make_shared<std::optional<StepOperands>>();
+  return {{info, [operands](cudaStream_t stream, int rep) { (*operands)->model->enqueue_step(rep % kSets, stream); },
+           [operands, config](cudaStream_t) {
+             operands->emplace();
+             (*operands)->bytes_before = device_bytes_in_use();
+             (*operands)->model = std::make_unique<models::FusedSwin>(config);
+             const models::SwinInitialWeights weights(config, 1, config.dtype);
+             (*operands)->model->load_state_dict(weights.tensors());
+             (*operands)->model->prepare_batches(random_batches(config));
+           },
+           [operands] { operands->reset(); },
+           [operands] {
+             FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());
+             return std::vector<store::CaseMetric>{
+                 {"peak_memory_bytes", device_bytes_in_use() - (*operands)->bytes_before}};
+           }}};
+}
+
 }  // namespace
 
 OpDefinition swin_step_op() {
@@ -42,12 +97,9 @@ OpDefinition swin_step_op() {
   op.shape_syntax = "<swin-t|swin-b>[:b<batch>]";
   op.shapes = {"swin-t:b128", "swin-b:b64"};
   op.has_backward = false;
-  op.peer_case = [](const std::string& shape, kernels::DType dtype) {
-    if (dtype == kernels::DType::f32) throw std::invalid_argument("swin_step: fp16 or bf16 (AMP)");
-    const models::SwinConfig config = models::parse_swin_config(shape + ":" + models::dtype_spec_name(dtype));
-    store::CaseInfo info = make_case_info("swin_step", shape, dtype, false, 0);
-    info.flops = step_flops(config);
-    return info;
+  op.cases = [](const std::string& shape, kernels::DType dtype, bool) {
+    if (dtype == kernels::DType::f32) throw std::invalid_argument("swin_step: fp16 or bf16 (the attention is 16-bit)");
+    return swin_step_cases(shape, dtype);
   };
   return op;
 }
