@@ -117,6 +117,9 @@ FusedSwin::FusedSwin(const SwinConfig& config, const SwinTrainOptions& options, 
         cudaMemcpy(buffer(stage_name(s) + "mask"), mask.data(), mask.size() * sizeof(float), cudaMemcpyHostToDevice));
   }
   FUSEKIT_CUDA_CHECK(cudaMemcpy(buffer("grad.dloss"), &loss_scale_, sizeof(float), cudaMemcpyHostToDevice));
+  // The memset and the copies ran on the default stream, which the non-blocking stream_ does not
+  // wait for (and a pageable copy may return before its transfer lands): finish them first.
+  FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 FusedSwin::~FusedSwin() {
@@ -139,6 +142,7 @@ void FusedSwin::load_state_dict(const std::vector<TensorView>& tensors) {
   trainer_ = std::make_unique<kernels::AdamWTrainer>(config_.dtype, layout_.parameter_sizes(), master_weights_,
                                                      layout_.decayed_parameters());
   FUSEKIT_CUDA_CHECK(cudaMemcpy(trainer_->parameters(), flat.data(), flat.size(), cudaMemcpyHostToDevice));
+  FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());  // the default stream's copy, before stream_ reads it
   trainer_->load_master_weights(stream_);
   FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }

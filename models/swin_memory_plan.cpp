@@ -112,7 +112,7 @@ SwinMemoryPlan::SwinMemoryPlan(const SwinConfig& config, const SwinKernelWorkspa
   arena_.add("grad.hidden", K::gradient, -1, {largest_hidden}, E::storage);
   arena_.add("grad.patch_embed", K::gradient, -1, {T0, C}, E::storage);
   // Where a kernel writes a gradient nothing reads (the pre-LN backward's bias and residual outputs
-  // that another buffer already holds): [T0 x C], the largest a stream row set needs.
+  // that another buffer already holds): as large as the largest stage's tokens x width.
   arena_.add("grad.unused", K::gradient, -1, {largest_tokens_by_width}, E::storage);
 
   const size_t backward = std::max({workspaces.layernorm, workspaces.window_partition, workspaces.patch_merging,
