@@ -189,18 +189,25 @@ std::string BufferArena::table() const {
   return out;
 }
 
+size_t adamw_trainer_bytes(size_t parameter_bytes, size_t parameter_elements, bool master_weights) {
+  return 2 * parameter_bytes + (master_weights ? 3 : 2) * sizeof(float) * parameter_elements;
+}
+
+std::string trainer_and_total_lines(size_t arena_bytes, size_t parameter_bytes, size_t parameter_elements) {
+  const size_t without = adamw_trainer_bytes(parameter_bytes, parameter_elements, false);
+  const size_t with = adamw_trainer_bytes(parameter_bytes, parameter_elements, true);
+  return "  parameters + gradients + AdamW state (outside the arena): " + mebibytes(without) +
+         " (with fp32 master weights: " + mebibytes(with) + ")\n  total: " + mebibytes(arena_bytes + without) +
+         " (with master weights: " + mebibytes(arena_bytes + with) + ")\n";
+}
+
 size_t MemoryPlan::trainer_bytes(bool master_weights) const {
-  // Parameters and gradients in the storage type; exp_avg, exp_avg_sq (and master weights) in fp32.
-  return 2 * parameter_bytes_ + (master_weights ? 3 : 2) * sizeof(float) * parameter_elements_;
+  return adamw_trainer_bytes(parameter_bytes_, parameter_elements_, master_weights);
 }
 
 std::string MemoryPlan::table() const {
-  std::string out = "memory plan: " + config_.spec() + ", " + std::to_string(masked_rows_) + " masked rows\n";
-  out += arena_.table();
-  out += "  parameters + gradients + AdamW state (outside the arena): " + mebibytes(trainer_bytes(false)) +
-         " (with fp32 master weights: " + mebibytes(trainer_bytes(true)) + ")\n";
-  out += "  total: " + mebibytes(total_bytes(false)) + " (with master weights: " + mebibytes(total_bytes(true)) + ")\n";
-  return out;
+  return "memory plan: " + config_.spec() + ", " + std::to_string(masked_rows_) + " masked rows\n" + arena_.table() +
+         trainer_and_total_lines(arena_bytes(), parameter_bytes_, parameter_elements_);
 }
 
 }  // namespace fusekit::models

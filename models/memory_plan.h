@@ -93,6 +93,12 @@ class BufferArena {
 
 std::string mebibytes(size_t bytes);  // "12.34 MiB"
 
+// The AdamW trainer's buffers outside a plan's arena (kernels/adamw.h): parameters and gradients in
+// the storage type, exp_avg and exp_avg_sq (and the master weights) in fp32.
+size_t adamw_trainer_bytes(size_t parameter_bytes, size_t parameter_elements, bool master_weights);
+// A plan table's closing lines: the trainer's bytes without and with master weights, and the totals.
+std::string trainer_and_total_lines(size_t arena_bytes, size_t parameter_bytes, size_t parameter_elements);
+
 // Bytes of the kernels' backward workspaces for the plan's shapes, from their *_workspace_bytes
 // functions (kernels/*.h), which the GPU step calls: they depend on the device. Zero leaves one out.
 // bert_attention's is known from its header (a float per sequence, head and query) and is always

@@ -125,16 +125,12 @@ SwinMemoryPlan::SwinMemoryPlan(const SwinConfig& config, const SwinKernelWorkspa
 }
 
 size_t SwinMemoryPlan::trainer_bytes(bool master_weights) const {
-  // As MemoryPlan's: parameters and gradients in the storage type; the moments (and master weights) in fp32.
-  return 2 * parameter_bytes_ + (master_weights ? 3 : 2) * sizeof(float) * parameter_elements_;
+  return adamw_trainer_bytes(parameter_bytes_, parameter_elements_, master_weights);
 }
 
 std::string SwinMemoryPlan::table() const {
-  std::string out = "memory plan: " + config_.spec() + "\n" + arena_.table();
-  out += "  parameters + gradients + AdamW state (outside the arena): " + mebibytes(trainer_bytes(false)) +
-         " (with fp32 master weights: " + mebibytes(trainer_bytes(true)) + ")\n";
-  out += "  total: " + mebibytes(total_bytes(false)) + " (with master weights: " + mebibytes(total_bytes(true)) + ")\n";
-  return out;
+  return "memory plan: " + config_.spec() + "\n" + arena_.table() +
+         trainer_and_total_lines(arena_bytes(), parameter_bytes_, parameter_elements_);
 }
 
 }  // namespace fusekit::models

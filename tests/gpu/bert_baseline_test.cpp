@@ -13,7 +13,6 @@
 // - load_state_dict then parameters() gives the weights back exactly; steps enqueued on a stream give
 //   step's losses.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -111,17 +110,7 @@ std::vector<float> floats(const models::TensorView& t) {
   return values;
 }
 
-// Runs `command` through the shell: its exit status (-1 where it did not exit) and what it printed.
-std::pair<int, std::string> run(const std::string& command) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return {-1, "popen failed"};
-  std::string output;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
+using test_support::run_command;
 
 // A temporary folder without std::filesystem (tests/support/posix_files.h says why).
 class TempDir : public test_support::TempDir {
@@ -143,7 +132,7 @@ TEST(BertBaselineTest, RejectsAnFp32Config) {
 
 TEST(BertBaselineTest, Fp32MatchesHuggingFace) {
   FUSEKIT_REQUIRE_GPU();
-  const auto [python_status, python_output] = run("python3 -c 'import torch, transformers, safetensors'");
+  const auto [python_status, python_output] = run_command("python3 -c 'import torch, transformers, safetensors'");
   if (python_status != 0) {
     GTEST_SKIP() << "no Hugging Face reference: python3 cannot import torch, transformers and safetensors: "
                  << python_output;
@@ -164,7 +153,7 @@ TEST(BertBaselineTest, Fp32MatchesHuggingFace) {
       std::to_string(config.vocab) + " --max-positions " + std::to_string(config.max_positions) + " --token-types " +
       std::to_string(config.token_types) + " --layer-norm-eps " + eps + " --output '" +
       dir.file("reference.safetensors") + "'";
-  const auto [status, output] = run(command);
+  const auto [status, output] = run_command(command);
   ASSERT_EQ(status, 0) << command << "\n" << output;
   const models::SafetensorsFile reference = models::SafetensorsFile::read(dir.file("reference.safetensors"));
 

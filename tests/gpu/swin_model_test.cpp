@@ -7,7 +7,6 @@
 // gradient norm). Then 5 training steps lower the loss, and the step allocates nothing after the first.
 // Skipped (visibly) where python3 cannot import torch, timm and safetensors.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
@@ -26,16 +25,7 @@
 namespace fusekit::models {
 namespace {
 
-std::pair<int, std::string> run(const std::string& command) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return {-1, "popen failed"};
-  std::string output;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
+using test_support::run_command;
 
 std::vector<float> floats(const TensorView& t) {
   std::vector<float> values(t.elements());
@@ -71,7 +61,7 @@ class SwinModelTest : public ::testing::TestWithParam<kernels::DType> {};
 
 TEST_P(SwinModelTest, OneStepMatchesTimmWithinAmpsError) {
   FUSEKIT_REQUIRE_GPU();
-  const auto [python_status, python_output] = run("python3 -c 'import torch, timm, safetensors'");
+  const auto [python_status, python_output] = run_command("python3 -c 'import torch, timm, safetensors'");
   if (python_status != 0) GTEST_SKIP() << "no timm reference: " << python_output;
   const kernels::DType dtype = GetParam();
   const SwinConfig config = parse_swin_config(std::string("swin-test:b4:") + dtype_spec_name(dtype));
@@ -99,7 +89,7 @@ TEST_P(SwinModelTest, OneStepMatchesTimmWithinAmpsError) {
                               " --embed-dim " + std::to_string(config.embed_dim) + " --depths " + depths + " --heads " +
                               heads + " --classes " + std::to_string(config.classes) + " --dtype " +
                               dtype_spec_name(dtype) + " --output '" + dir.file("reference.safetensors") + "'";
-  const auto [status, output] = run(command);
+  const auto [status, output] = run_command(command);
   ASSERT_EQ(status, 0) << command << "\n" << output;
   const SafetensorsFile reference = SafetensorsFile::read(dir.file("reference.safetensors"));
 

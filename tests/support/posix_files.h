@@ -7,11 +7,13 @@
 #include <ftw.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fusekit::test_support {
@@ -58,5 +60,18 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// Runs `command` through the shell: its exit status (-1 where it did not exit) and what it printed
+// on standard output and standard error.
+inline std::pair<int, std::string> run_command(const std::string& command) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return {-1, "popen failed"};
+  std::string output;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
 
 }  // namespace fusekit::test_support
