@@ -7,7 +7,7 @@
 # the overhead run once per autograd formula set (FUSEKIT_TORCH_AUTOGRAD: python, cpp).
 #   bash scripts/torch-check.sh [--overhead] [--bench CASES_JSON] [pytest arguments...]
 # Environment: OUT (logs and results; default out/torch), BUILD_DIR (default build-device),
-# FUSEKIT_TORCH_AUTOGRAD_MODES (default "python cpp"), FUSEKIT_TORCH_AUTOGRAD (the bench's; python).
+# FUSEKIT_TORCH_AUTOGRAD_MODES (default "python cpp"), FUSEKIT_TORCH_AUTOGRAD (the bench's; default cpp).
 # Exit code: 0 when the build and every test passed (and the bench ran, if asked).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -109,6 +109,14 @@ def main():
         gpus.sort()
         print(f"BERT-base step {'patched' if patched else 'unpatched'}: host {hosts[5]:.2f} ms to enqueue, "
               f"{gpus[5]:.2f} ms from first launch to last kernel (medians of 10)")
+        # Where the host time goes: the ops (and Python autograd nodes) with the most self CPU
+        # time over 3 steps, with their call counts.
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for i in range(3):
+                step(i)
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=22, max_name_column_width=60))
         del model, optimizer
         torch.cuda.empty_cache()
 

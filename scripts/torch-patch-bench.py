@@ -13,6 +13,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -64,8 +65,13 @@ def run(setup, variant, dtype, warmup, steps):
     report = fusekit.torch.patch(model, warn=False) if variant.startswith("fusekit") else None
     fn = torch.compile(model) if variant.endswith("compile") else model
     scaler = torch.amp.GradScaler("cuda", init_scale=1024.0, enabled=dtype == torch.float16)
+    counters = torch._dynamo.utils.counters
+    counters.clear()
     times = []
     for i in range(warmup + steps):
+        if i <= 1:
+            torch.cuda.synchronize()
+            wall = time.perf_counter()
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
         optimizer.zero_grad(set_to_none=True)
@@ -74,13 +80,21 @@ def run(setup, variant, dtype, warmup, steps):
         scaler.step(optimizer)
         scaler.update()
         end.record()
+        if i <= 1:  # the first two steps' seconds: compilation, and whether the second compiles again
+            torch.cuda.synchronize()
+            print(f"  {variant}: step {i} took {time.perf_counter() - wall:.1f} s", file=sys.stderr, flush=True)
         if i >= warmup:
             times.append((begin, end))
     torch.cuda.synchronize()
+    graphs = counters["stats"]["unique_graphs"]
+    breaks = sum(counters["graph_break"].values())
+    if variant.endswith("compile"):
+        print(f"  {variant}: Dynamo compiled {graphs} graphs, {breaks} graph breaks", file=sys.stderr, flush=True)
     ms = [b.elapsed_time(e) for b, e in times]
     result = {"median_ms": statistics.median(ms), "q1_ms": statistics.quantiles(ms, n=4)[0],
               "q3_ms": statistics.quantiles(ms, n=4)[2], "peak_bytes": torch.cuda.max_memory_reserved(),
-              "last_loss": float(loss), "fused": len(report.fused()) if report else 0}
+              "last_loss": float(loss.detach()), "fused": len(report.fused()) if report else 0,
+              "dynamo_graphs": graphs, "graph_breaks": breaks}
     del model, optimizer, fn
     return result
 
@@ -105,11 +119,10 @@ def main():
             print(f"{name:5s} {variant:16s} {r['median_ms']:8.2f} ms (q1 {r['q1_ms']:.2f}, q3 {r['q3_ms']:.2f})  "
                   f"peak {r['peak_bytes'] / 2**30:6.2f} GiB"
                   + (f"  {eager['median_ms'] / r['median_ms']:5.2f}x eager" if eager else ""), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"dtype": args.dtype, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "autograd": os.environ.get("FUSEKIT_TORCH_AUTOGRAD", "python"), "results": results}, f,
-                      indent=1)
+            if args.json:  # after every variant, so that a run cut short keeps what it measured
+                with open(args.json, "w") as f:
+                    json.dump({"dtype": args.dtype, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                               "autograd": fusekit.ops.AUTOGRAD, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

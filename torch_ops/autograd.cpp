@@ -2,8 +2,9 @@
 // Python formulas that python/fusekit/ops.py registers with torch.library: the same math (each
 // forward op's backward is its _backward op, the statistics it saved are not differentiable), with
 // none of the Python work per call. Registered at the Autograd dispatch key only when
-// fusekit_enable_cpp_autograd() is called (ops.py does, under FUSEKIT_TORCH_AUTOGRAD=cpp): an op
-// takes one autograd formula, and which one is chosen at load time, so both can be measured.
+// fusekit_enable_cpp_autograd() is called (ops.py does, under FUSEKIT_TORCH_AUTOGRAD=cpp, its
+// default): an op takes one autograd formula, chosen at load time, so both can be measured. Every
+// forward op but linear has one here.
 //
 // Each formula calls the ops through the dispatcher below autograd, so under torch.compile's fake
 // tensors it reaches the fake implementations, as the Python formulas do.
@@ -184,15 +185,15 @@ struct CrossEntropy : torch::autograd::Function<CrossEntropy> {
 };
 
 struct Softmax : torch::autograd::Function<Softmax> {
-  // lengths: undefined where the schema's optional is absent.
+  // lengths stays an optional: an undefined tensor among apply()'s arguments fails there ("tensor
+  // does not have a device"), an empty optional is skipped.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, double scale, const std::string& mask,
-                               const at::Tensor& lengths) {
+                               const std::optional<at::Tensor>& lengths) {
     static const auto forward_op =
         op<at::Tensor(const at::Tensor&, double, c10::string_view, const std::optional<at::Tensor>&)>(
             "fusekit::softmax");
     at::AutoDispatchBelowADInplaceOrView below;
-    at::Tensor y = forward_op.call(
-        x, scale, mask, lengths.defined() ? std::optional<at::Tensor>(lengths) : std::optional<at::Tensor>());
+    at::Tensor y = forward_op.call(x, scale, mask, lengths);
     ctx->save_for_backward({y});
     ctx->saved_data["scale"] = scale;
     return {y};
@@ -204,6 +205,101 @@ struct Softmax : torch::autograd::Function<Softmax> {
     at::Tensor dx = backward_op.call(s[0], contiguous(grads[0]), ctx->saved_data["scale"].toDouble());
     const at::Tensor none;
     return {dx, none, none, none};
+  }
+};
+
+struct WindowPartition : torch::autograd::Function<WindowPartition> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gamma,
+                               const at::Tensor& beta, int64_t window, int64_t shift, double eps) {
+    static const auto forward_op =
+        op<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t, double)>(
+            "fusekit::window_partition");
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [windows, mean, rstd] = forward_op.call(x, gamma, beta, window, shift, eps);
+    ctx->save_for_backward({x, gamma, mean, rstd});
+    ctx->mark_non_differentiable({mean, rstd});
+    ctx->saved_data["window"] = window;
+    ctx->saved_data["shift"] = shift;
+    return {windows, mean, rstd};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto backward_op =
+        op<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                   int64_t, int64_t)>("fusekit::window_partition_backward");
+    const variable_list s = ctx->get_saved_variables();
+    auto [dx, dgamma, dbeta] = backward_op.call(contiguous(grads[0]), s[0], s[1], s[2], s[3],
+                                                ctx->saved_data["window"].toInt(), ctx->saved_data["shift"].toInt());
+    const at::Tensor none;
+    return {dx, dgamma, dbeta, none, none, none};
+  }
+};
+
+struct WindowMerge : torch::autograd::Function<WindowMerge> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& windows, const at::Tensor& shortcut,
+                               int64_t window, int64_t shift) {
+    static const auto forward_op =
+        op<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, int64_t)>("fusekit::window_merge");
+    at::AutoDispatchBelowADInplaceOrView below;
+    at::Tensor y = forward_op.call(windows, shortcut, window, shift);
+    ctx->saved_data["window"] = window;
+    ctx->saved_data["shift"] = shift;
+    return {y};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto backward_op =
+        op<at::Tensor(const at::Tensor&, int64_t, int64_t)>("fusekit::window_merge_backward");
+    const at::Tensor dy = contiguous(grads[0]);
+    at::Tensor dwindows = backward_op.call(dy, ctx->saved_data["window"].toInt(), ctx->saved_data["shift"].toInt());
+    const at::Tensor none;
+    return {dwindows, dy, none, none};
+  }
+};
+
+struct PatchMerging : torch::autograd::Function<PatchMerging> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gamma,
+                               const at::Tensor& beta, double eps) {
+    static const auto forward_op =
+        op<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>("fusekit::patch_merging");
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [y, mean, rstd] = forward_op.call(x, gamma, beta, eps);
+    ctx->save_for_backward({x, gamma, mean, rstd});
+    ctx->mark_non_differentiable({mean, rstd});
+    return {y, mean, rstd};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto backward_op =
+        op<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+            "fusekit::patch_merging_backward");
+    const variable_list s = ctx->get_saved_variables();
+    auto [dx, dgamma, dbeta] = backward_op.call(contiguous(grads[0]), s[0], s[1], s[2], s[3]);
+    return {dx, dgamma, dbeta, at::Tensor()};
+  }
+};
+
+struct WindowAttention : torch::autograd::Function<WindowAttention> {
+  // mask: an optional, as Softmax's lengths; saved as a possibly undefined tensor.
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& qkv, const at::Tensor& table,
+                               const at::Tensor& index, const std::optional<at::Tensor>& mask, double scale) {
+    static const auto forward_op =
+        op<Tensor3(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>(
+            "fusekit::window_attention");
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [out, bias, lse] = forward_op.call(qkv, table, index, mask, scale);
+    ctx->save_for_backward({qkv, table, index, mask.value_or(at::Tensor()), out, bias, lse});
+    ctx->mark_non_differentiable({bias, lse});
+    ctx->saved_data["scale"] = scale;
+    return {out, bias, lse};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto backward_op = op<std::tuple<at::Tensor, at::Tensor>(
+        const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+        const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>("fusekit::window_attention_backward");
+    const variable_list s = ctx->get_saved_variables();
+    const std::optional<at::Tensor> mask = s[3].defined() ? std::optional<at::Tensor>(s[3]) : std::nullopt;
+    auto [dqkv, dtable] = backward_op.call(contiguous(grads[0]), s[0], s[1], s[2], mask, s[4], s[5], s[6],
+                                           ctx->saved_data["scale"].toDouble());
+    const at::Tensor none;
+    return {dqkv, dtable, none, none, none};
   }
 };
 
@@ -247,7 +343,28 @@ Tensor3 cross_entropy(const at::Tensor& logits, const at::Tensor& labels, int64_
 }
 
 at::Tensor softmax(const at::Tensor& x, double scale, c10::string_view mask, const std::optional<at::Tensor>& lengths) {
-  return Softmax::apply(x, scale, std::string(mask.data(), mask.size()), lengths.value_or(at::Tensor()))[0];
+  return Softmax::apply(x, scale, std::string(mask.data(), mask.size()), lengths)[0];
+}
+
+Tensor3 window_partition(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta, int64_t window,
+                         int64_t shift, double eps) {
+  const variable_list out = WindowPartition::apply(x, gamma, beta, window, shift, eps);
+  return {out[0], out[1], out[2]};
+}
+
+at::Tensor window_merge(const at::Tensor& windows, const at::Tensor& shortcut, int64_t window, int64_t shift) {
+  return WindowMerge::apply(windows, shortcut, window, shift)[0];
+}
+
+Tensor3 patch_merging(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta, double eps) {
+  const variable_list out = PatchMerging::apply(x, gamma, beta, eps);
+  return {out[0], out[1], out[2]};
+}
+
+Tensor3 window_attention(const at::Tensor& qkv, const at::Tensor& table, const at::Tensor& index,
+                         const std::optional<at::Tensor>& mask, double scale) {
+  const variable_list out = WindowAttention::apply(qkv, table, index, mask, scale);
+  return {out[0], out[1], out[2]};
 }
 
 }  // namespace
@@ -267,5 +384,9 @@ extern "C" int fusekit_enable_cpp_autograd() {
   library->impl("bert_attention", &bert_attention);
   library->impl("cross_entropy", &cross_entropy);
   library->impl("softmax", &softmax);
+  library->impl("window_partition", &window_partition);
+  library->impl("window_merge", &window_merge);
+  library->impl("patch_merging", &patch_merging);
+  library->impl("window_attention", &window_attention);
   return 1;
 }

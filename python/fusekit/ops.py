@@ -8,9 +8,12 @@ of the library's CUDA ops.
 Dropout: each call with p > 0 draws its Philox (seed, offset) from PyTorch's CPU generator, so
 torch.manual_seed makes runs reproducible; the backward regenerates the same mask from them.
 
-Autograd: FUSEKIT_TORCH_AUTOGRAD=python (the default) registers the formulas below with
-torch.library; =cpp registers the same formulas written in C++ (torch_ops/autograd.cpp), which
-spare each call the Python work. An op takes one of the two for the life of the process.
+Autograd: FUSEKIT_TORCH_AUTOGRAD=cpp (the default) registers the formulas written in C++
+(torch_ops/autograd.cpp) for every op but linear; =python registers the formulas below with
+torch.library for all of them. Both pass the same tests; the C++ formulas spare each call the
+Python work (PyTorch's profiler on the H100: about 100 us of host time per backward node of a
+Python formula), which decides a patched model's eager step, host-bound at BERT-base sizes. An op
+takes one of the two for the life of the process.
 """
 
 import ctypes
@@ -20,7 +23,7 @@ import torch
 
 from fusekit.library import find_library, missing
 
-AUTOGRAD = os.environ.get("FUSEKIT_TORCH_AUTOGRAD", "python")
+AUTOGRAD = os.environ.get("FUSEKIT_TORCH_AUTOGRAD", "cpp")
 if AUTOGRAD not in ("python", "cpp"):
     raise ImportError(f"fusekit.ops: FUSEKIT_TORCH_AUTOGRAD must be python or cpp, not {AUTOGRAD!r}")
 
@@ -198,7 +201,8 @@ def _(y, dy, scale):
 # either mode.
 CPP_AUTOGRAD_OPS = {"fusekit::layernorm", "fusekit::bias_gelu", "fusekit::bias_dropout_residual_layernorm",
                     "fusekit::embedding_layernorm", "fusekit::bert_attention", "fusekit::cross_entropy",
-                    "fusekit::softmax"}
+                    "fusekit::softmax", "fusekit::window_partition", "fusekit::window_merge",
+                    "fusekit::patch_merging", "fusekit::window_attention"}
 
 
 def _register_autograd(name, backward, setup_context):

@@ -12,6 +12,7 @@ in the autocast dtype here, which halves its bytes.
 """
 
 import dataclasses
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +53,31 @@ def key_padding_lengths(mask, batch, seq, device):
     return lengths
 
 
+class _LengthsCache:
+    """The lengths of the last mask seen: every layer of one forward receives the same mask tensor,
+    so the mask is read once per forward instead of once per layer (a dozen small ops each). Keyed
+    by the mask's identity and version counter (an in-place change to the mask misses); eager mode
+    only: under torch.compile the lengths are traced per layer and the compiler dedupes them."""
+
+    def __init__(self):
+        self.key = None
+        self.lengths = None
+
+    def get(self, mask, batch, seq, device):
+        if not isinstance(mask, torch.Tensor) or torch.compiler.is_compiling():
+            return key_padding_lengths(mask, batch, seq, device)
+        ref = self.key[0]() if self.key is not None else None
+        key = (mask._version, batch, seq, device)
+        if ref is mask and self.key[1:] == key:
+            return self.lengths
+        lengths = key_padding_lengths(mask, batch, seq, device)
+        self.key, self.lengths = (weakref.ref(mask), *key), lengths
+        return lengths
+
+
+_lengths_cache = _LengthsCache()
+
+
 def _dropout_p(module, dropout):
     return dropout.p if module.training else 0.0
 
@@ -88,7 +114,7 @@ class FusedBertSelfAttention:
         if (past_key_values is None and not wants_weights and kwargs.get("head_mask") is None
                 and kwargs.get("encoder_hidden_states") is None and dtype in HALF and hidden_states.is_cuda
                 and hidden_states.dim() == 3):
-            lengths = key_padding_lengths(attention_mask, batch, seq, hidden_states.device)
+            lengths = _lengths_cache.get(attention_mask, batch, seq, hidden_states.device)
         if lengths is None:
             return self._fusekit_original.forward(self, hidden_states, attention_mask, past_key_values, **kwargs)
         weight = torch.cat([self.query.weight, self.key.weight, self.value.weight]).to(dtype)

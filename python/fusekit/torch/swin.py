@@ -31,6 +31,19 @@ def _drop_path_scale(module, batch, like):
     return scale
 
 
+def _int32_index(attn):
+    """The relative position index as int32 (the kernel's type), converted once per buffer: the
+    buffer is int64 and fixed; a new buffer (after .to(), a load) is converted again."""
+    index = attn.relative_position_index
+    if torch.compiler.is_compiling():
+        return index.to(torch.int32)
+    cached = attn.__dict__.get("_fusekit_index")
+    if cached is None or cached[0] is not index or cached[1] != index._version:
+        cached = (index, index._version, index.to(torch.int32))
+        attn.__dict__["_fusekit_index"] = cached
+    return cached[2]
+
+
 class FusedSwinTransformerBlock:
     """The residual stream stays in the block input's dtype (float32 under autocast, as timm's
     additions leave it), and so do the LayerNorms and the window partition and merge that carry
@@ -49,7 +62,7 @@ class FusedSwinTransformerBlock:
         windows = ops.window_partition(x, norm1.weight.to(stream), norm1.bias.to(stream), window, shift, norm1.eps)
         qkv = F.linear(windows.to(dtype), attn.qkv.weight.to(dtype), attn.qkv.bias.to(dtype))
         qkv = qkv.view(windows.shape[0], window * window, 3, attn.num_heads, -1)
-        index = attn.relative_position_index.to(torch.int32)
+        index = _int32_index(attn)
         mask = self.attn_mask.float() if shift and self.attn_mask is not None else None
         out = ops.window_attention(qkv, attn.relative_position_bias_table.to(dtype), index, mask, attn.scale)
         proj = F.linear(out, attn.proj.weight.to(dtype), attn.proj.bias.to(dtype))
