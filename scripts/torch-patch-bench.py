@@ -26,9 +26,22 @@ import fusekit.torch  # noqa: E402
 VARIANTS = ("eager", "compile", "fusekit", "fusekit-compile")
 
 
+# Overrides of BERT-base for probing torch.compile (--bert-layers, --bert-dropout): None keeps it.
+BERT_LAYERS = None
+BERT_DROPOUT = None
+
+
 def bert_setup(dtype):
     from ops import bert_step
     model = bert_step.make_model("bert-base")
+    if BERT_LAYERS is not None:
+        model.bert.encoder.layer = model.bert.encoder.layer[:BERT_LAYERS]
+    if BERT_DROPOUT is not None:
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = BERT_DROPOUT
+            if hasattr(module, "dropout_prob"):
+                module.dropout_prob = BERT_DROPOUT
     batches = bert_step.device_batches(64, 128)
 
     def loss_of(fn, i):
@@ -107,7 +120,11 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--json")
+    parser.add_argument("--bert-layers", type=int, help="keep the first N encoder layers (a probe)")
+    parser.add_argument("--bert-dropout", type=float, help="every dropout probability of BERT (a probe)")
     args = parser.parse_args()
+    global BERT_LAYERS, BERT_DROPOUT
+    BERT_LAYERS, BERT_DROPOUT = args.bert_layers, args.bert_dropout
     dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
     setups = {"bert": bert_setup, "swin": swin_setup}
     results = {}
