@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <set>
 #include <stdexcept>
 
@@ -423,7 +424,8 @@ int gate(const GateOptions& o) {
   } else {
     baseline_cases = reports::load_case_results(baseline.store, baseline.run);
   }
-  auto result = reports::run_gate(baseline_cases, reports::load_case_results(candidate.store, candidate.run), options);
+  const std::vector<reports::CaseResult> candidate_cases = reports::load_case_results(candidate.store, candidate.run);
+  auto result = reports::run_gate(baseline_cases, candidate_cases, options);
   // The kernels of each case's repetitions: on request, and for the Markdown's regressed cases.
   if (o.kernels || o.ranges || (result.any_regression() && !o.markdown_output.empty())) {
     std::set<reports::CaseKey> keys;
@@ -454,6 +456,20 @@ int gate(const GateOptions& o) {
   if (!o.markdown_output.empty())
     write_output(o.markdown_output,
                  (baseline_text.empty() ? "" : baseline_text + "\n") + reports::gate_table_markdown(result));
+  if (!o.regressed_ops_output.empty()) {
+    // What a confirming re-run measures again (scripts/ci-gate.sh): `fusekit bench --ops` of these.
+    std::map<reports::CaseKey, std::string> op_of;
+    for (const reports::CaseResult& c : candidate_cases) op_of[{c.info.name, c.info.variant}] = c.info.op;
+    std::set<std::string> ops;
+    for (const reports::GateRow& row : result.rows) {
+      const auto it = op_of.find({row.name, row.variant});
+      if (row.verdict == reports::Verdict::regressed && it != op_of.end() && !it->second.empty())
+        ops.insert(it->second);
+    }
+    std::string text;
+    for (const std::string& op : ops) text += op + "\n";
+    write_output(o.regressed_ops_output, text);
+  }
   if (result.rows.empty()) throw std::runtime_error("no case is present in both runs; nothing to gate");
   if (result.any_regression()) return 1;
   // A case with too few samples was not tested: without --allow-too-few-samples that is no pass.

@@ -109,6 +109,7 @@ struct GateOptions {
   double alpha = 0.01;
   int min_samples = 5;
   std::string markdown_output;
+  std::string regressed_ops_output;    // the operators of the regressed cases, one per line (a re-run's --ops)
   bool allow_too_few_samples = false;  // a case with too few samples to test does not fail the gate
   bool kernels = false;                // also test each case's kernels per traced repetition
   bool ranges = false;                 // also test each case's NVTX ranges per traced repetition

@@ -190,6 +190,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 16))
       ->capture_default_str();
   gate_cmd->add_option("--markdown", gate_options.markdown_output, "Also write the table as Markdown to this file");
+  gate_cmd->add_option("--regressed-ops", gate_options.regressed_ops_output,
+                       "Write the operators of the regressed cases to this file, one per line (empty: none)");
 
   // An unknown first word is an unknown subcommand (CLI11 would say "A subcommand is required").
   if (argc > 1 && argv[1][0] != '-') {

@@ -67,6 +67,12 @@ check_code 1 "gate: 30% regression" "$FUSEKIT" gate --baseline "$work/a.db" --ca
 check "gate names the regression" grep -qi "regress" "$work/last.out"
 check "gate wrote markdown" grep -q "|" "$work/gate.md"
 check "gate markdown names the regressed case's kernels" grep -q "Kernels that moved most in" "$work/gate.md"
+check_code 1 "gate --regressed-ops" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/slow.db" \
+  --regressed-ops "$work/regressed.txt"
+check "gate --regressed-ops lists the regressed operator" test "$(cat "$work/regressed.txt")" = scale_add
+check_code 0 "gate --regressed-ops, no change" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/same.db" \
+  --regressed-ops "$work/none.txt"
+check "gate --regressed-ops is empty without a regression" test ! -s "$work/none.txt"
 check_code 1 "gate --kernels: 30% regression" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/slow.db" --kernels
 check "gate --kernels says the case marks no repetitions" grep -q "no rep ranges in either run" "$work/last.out"
 check_code 0 "gate --ranges" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/same.db" --ranges --range-depth 1
