@@ -48,6 +48,7 @@ struct Options {
   int64_t warmup_steps = 0;
   double warmup_start = 0.25;
   double momentum = 0;
+  double reselect = 1;
   int probe_steps = 5;
   int steps = 300;
   int pool = 32;
@@ -118,6 +119,7 @@ int run(const Options& o) {
   x.warmup_steps = o.warmup_steps;
   x.warmup_start = o.warmup_start;
   x.momentum = o.momentum;
+  x.reselect = o.reselect;
   x.probe_steps = o.probe_steps;
 
   models::BertTrainOptions train;
@@ -258,11 +260,12 @@ int run(const Options& o) {
       f << "{\n  \"label\": \"" << o.label << "\",\n  \"ranks\": " << P << ",\n  \"config\": \"" << config.spec()
         << "\",\n  \"exchange\": \"" << o.exchange << "\",\n  \"collective\": \"" << o.collective
         << "\",\n  \"density\": " << o.density << ",\n  \"warmup_steps\": " << o.warmup_steps
-        << ",\n  \"momentum\": " << o.momentum << ",\n  \"lr\": " << o.lr << ",\n  \"lr_warmup\": " << o.lr_warmup
-        << ",\n  \"echo\": " << (o.echo ? "true" : "false") << ",\n  \"pool\": " << o.pool << ",\n  \"decision\": \""
-        << exchanger.decision() << "\",\n  \"nccl_p2p_disable\": \"" << env_or("NCCL_P2P_DISABLE", "")
-        << "\",\n  \"nccl_shm_disable\": \"" << env_or("NCCL_SHM_DISABLE", "")
-        << "\",\n  \"gradient_elements\": " << flat.elements << ",\n  \"skip\": " << o.skip;
+        << ",\n  \"momentum\": " << o.momentum << ",\n  \"reselect\": " << o.reselect << ",\n  \"lr\": " << o.lr
+        << ",\n  \"lr_warmup\": " << o.lr_warmup << ",\n  \"echo\": " << (o.echo ? "true" : "false")
+        << ",\n  \"pool\": " << o.pool << ",\n  \"decision\": \"" << exchanger.decision()
+        << "\",\n  \"nccl_p2p_disable\": \"" << env_or("NCCL_P2P_DISABLE", "") << "\",\n  \"nccl_shm_disable\": \""
+        << env_or("NCCL_SHM_DISABLE", "") << "\",\n  \"gradient_elements\": " << flat.elements
+        << ",\n  \"skip\": " << o.skip;
       std::snprintf(buf, sizeof buf,
                     ",\n  \"summary\": {\"step_ms\": %.4f, \"slowest_rank_step_ms\": %.4f, \"compute_ms\": %.4f, "
                     "\"selection_ms\": %.4f, \"communication_ms\": %.4f, \"narrow_ms\": %.4f, \"bytes_per_rank_mean\": "
@@ -317,6 +320,11 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--warmup-start", o.warmup_start, "The density of step 0 under warm-up")
+      ->check(CLI::Range(1e-6, 1.0))
+      ->capture_default_str();
+  app.add_option("--reselect", o.reselect,
+                 "Sparse, balanced or equal: each slice owner keeps this fraction of its sums, the largest "
+                 "(1: all; 1/ranks: about one rank's selection in all)")
       ->check(CLI::Range(1e-6, 1.0))
       ->capture_default_str();
   app.add_option("--momentum", o.momentum, "Momentum correction factor (0: residual accumulation alone)")

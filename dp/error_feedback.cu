@@ -79,9 +79,32 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// A thread per entry: where the exchanged sum is zero (re-selection dropped it, or it rounded or
+// cancelled to zero), the entry's wire value goes back into v.
+template <class W>
+__global__ void __launch_bounds__(kThreads)
+    return_unapplied_kernel(const uint32_t* __restrict__ indices, const uint16_t* __restrict__ values, uint64_t count,
+                            const float* __restrict__ sum, float* __restrict__ v) {
+  for (uint64_t e = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < count;
+       e += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    const uint32_t i = indices[e];
+    if (sum[i] == 0.f) v[i] += detail::from_wire<W>(values[e]);
+  }
+}
+
 }  // namespace
 
 // ---- kernel launchers
+
+void ErrorFeedback::return_unapplied(const float* sum, cudaStream_t stream) {
+  if (count_ == 0) return;
+  const kernels::DType wire = wire_ == WireValue::f16 ? kernels::DType::f16 : kernels::DType::bf16;
+  kernels::dispatch_16bit_dtype(wire, "error feedback", [&](auto tag) {
+    using W = typename decltype(tag)::type;
+    return_unapplied_kernel<W><<<blocks_for(count_), kThreads, 0, stream>>>(indices_, values_, count_, sum, residual_);
+  });
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
 
 ErrorFeedback::ErrorFeedback(std::vector<LayerSpan> layers, double max_density, double momentum, WireValue wire)
     : selection_(layers, max_density), layers_(std::move(layers)), momentum_factor_(momentum), wire_(wire) {

@@ -46,6 +46,12 @@ class ErrorFeedback {
   // counts), then leaves the packing on it.
   uint64_t step(const void* gradient, kernels::DType dtype, double density, cudaStream_t stream);
 
+  // After an exchange that applied only some of the last step's entries (the sparse collective's
+  // re-selection): v[i] += the wire value of each entry whose exchanged sum[i] (fp32, device, the
+  // collective's output) is zero, so an entry that was not applied is delayed, not lost. Then
+  //   applied sent + v == the sum of the gradients (up to float rounding), as without it.
+  void return_unapplied(const float* sum, cudaStream_t stream);
+
   // The last step's entries, on the device: flat indices, strictly increasing, and wire values.
   const uint32_t* indices() const { return indices_; }
   const uint16_t* values() const { return values_; }

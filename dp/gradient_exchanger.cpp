@@ -99,6 +99,13 @@ GradientExchanger::GradientExchanger(Communicator& communicator, const models::F
   if (options_.mode == ExchangeMode::automatic && options_.probe_steps < 1) {
     throw std::invalid_argument("gradient exchange: auto needs at least one probe step");
   }
+  if (!(options_.reselect > 0 && options_.reselect <= 1)) {
+    throw std::invalid_argument("gradient exchange: the re-selection's kept fraction must be in (0, 1], not " +
+                                std::to_string(options_.reselect));
+  }
+  if (options_.reselect < 1 && options_.collective == SparseCollectiveKind::allgather) {
+    throw std::invalid_argument("gradient exchange: re-selection needs a reduce-scatter collective (balanced, equal)");
+  }
   for (auto& e : events_) FUSEKIT_CUDA_CHECK(cudaEventCreate(&e));
   FUSEKIT_CUDA_CHECK(cudaMalloc(&nonfinite_, sizeof(unsigned long long)));
   if (options_.mode == ExchangeMode::automatic && communicator_.size() == 1) {
@@ -153,10 +160,10 @@ void GradientExchanger::run_sparse(const void* source, void* target, double dens
   const SparseEntries mine{feedback_->indices(), feedback_->values(), feedback_->count()};
   switch (options_.collective) {
     case SparseCollectiveKind::balanced:
-      record_.stats = collective_->reduce_scatter_allgather(mine, sum_, SlicePartition::balanced);
+      record_.stats = collective_->reduce_scatter_allgather(mine, sum_, SlicePartition::balanced, options_.reselect);
       break;
     case SparseCollectiveKind::equal:
-      record_.stats = collective_->reduce_scatter_allgather(mine, sum_, SlicePartition::equal);
+      record_.stats = collective_->reduce_scatter_allgather(mine, sum_, SlicePartition::equal, options_.reselect);
       break;
     case SparseCollectiveKind::allgather:
       record_.stats = collective_->allgather(mine, sum_);
@@ -164,6 +171,7 @@ void GradientExchanger::run_sparse(const void* source, void* target, double dens
   }
   FUSEKIT_CUDA_CHECK(cudaEventRecord(events_[kCommunicated], comm));
   FUSEKIT_CUDA_CHECK(cudaStreamWaitEvent(stream, events_[kCommunicated]));
+  if (options_.reselect < 1) feedback_->return_unapplied(sum_, stream);  // what re-selection left out
   FUSEKIT_CUDA_CHECK(cudaMemsetAsync(nonfinite_, 0, sizeof(unsigned long long), stream));
   detail::narrow(sum_, layout_.elements, layout_.dtype, target, nonfinite_, stream);
   FUSEKIT_CUDA_CHECK(cudaEventRecord(events_[kNarrowed], stream));

@@ -12,6 +12,12 @@
 //                       on a copy of the same gradients (its result thrown away); from then on the
 //                       exchange whose median time was lower, and `decision()` says which and why.
 //
+// Re-selection (`reselect` < 1, the reduce-scatter collectives): after the reduce-scatter, each
+// slice's owner keeps only that fraction of its sums, the largest (a global top-k by slices, as
+// gTop-k and Ok-Topk do), so the allgather phase carries about that fraction of the entries; each
+// rank's entries that were not kept go back into its residual. With P ranks and little overlap
+// between their selections, 1/P gathers about as many entries as one rank selected.
+//
 // Density warm-up (Deep Gradient Compression): a step's density falls from `warmup_start` to
 // `density` over `warmup_steps` steps (dp/policy.h's warmup_density). Every tensor is a layer of
 // the selection, so no tensor is starved (each sends at least one entry).
@@ -55,6 +61,7 @@ struct ExchangerOptions {
   int64_t warmup_steps = 0;
   double warmup_start = 0.25;  // the density of step 0 where warmup_steps > 0
   double momentum = 0;         // DGC's momentum correction (0: residual accumulation alone)
+  double reselect = 1;         // < 1: each slice owner keeps that fraction of its sums (balanced, equal)
   int probe_steps = 5;         // auto: steps that time both exchanges
 };
 

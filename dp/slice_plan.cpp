@@ -2,6 +2,7 @@
 #include "dp/slice_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -47,6 +48,28 @@ GatherPlan plan_gather(std::span<const uint64_t> edges, std::span<const uint64_t
 }
 
 uint64_t gather_capacity(uint64_t elements, uint64_t received) { return std::min(elements / 3 + 1, received); }
+
+uint64_t reselect_count(uint64_t nonzero, double keep) {
+  if (!(keep > 0 && keep <= 1))
+    throw std::invalid_argument("re-selection: keep must be in (0, 1], not " + std::to_string(keep));
+  if (nonzero == 0) return 0;
+  const double k = std::ceil(keep * static_cast<double>(nonzero));
+  return k < 1 ? 1 : k >= static_cast<double>(nonzero) ? nonzero : static_cast<uint64_t>(k);
+}
+
+uint32_t reselect_threshold(std::span<const uint64_t> histogram, uint64_t count) {
+  if (histogram.size() != static_cast<size_t>(kMagnitudeBins))
+    throw std::invalid_argument("re-selection: the histogram must have " + std::to_string(kMagnitudeBins) + " bins");
+  uint64_t total = 0;
+  for (uint64_t c : histogram) total += c;
+  if (total <= count) return 0;
+  uint64_t above = 0;
+  for (int b = kMagnitudeBins - 1; b > 0; --b) {
+    above += histogram[b];
+    if (above >= count) return static_cast<uint32_t>(b) << kMagnitudeShift;
+  }
+  return 0;
+}
 
 double allgather_bus_bytes(double bytes, int ranks) { return bytes * (ranks - 1) / ranks; }
 double allreduce_bus_bytes(double bytes, int ranks) { return 2 * bytes * (ranks - 1) / ranks; }

@@ -8,6 +8,13 @@
 //   plan_gather   from each slice's count of nonzero 16-bit sums: whether it travels dense (2 bytes
 //                 an element) or as (index, value) entries (6 bytes an entry), the fewer bytes
 //                 (ties dense), and where the entry slices lie in the gather buffer.
+//   re-selection (keep < 1) before the gather, each owner keeps about `keep` of its slice's
+//                 nonzero sums, the largest in magnitude (a global top-k by slices, as gTop-k and
+//                 Ok-Topk do): a histogram of the sums' magnitudes in bins of an eighth of an octave
+//                 (a float's exponent and 3 mantissa bits) gives the threshold, reselect_threshold
+//                 below; the sums under it become zero and are not gathered, and the senders take
+//                 their entries there back into their error-feedback residuals
+//                 (ErrorFeedback::return_unapplied), so nothing is lost, only delayed.
 // Entry slices have fewer than a third as many entries as elements, so together they never
 // exceed gather_capacity: the buffer is sized once.
 //
@@ -21,6 +28,7 @@
 #include <vector>
 
 #include "dp/partition.h"
+#include "dp/slice_plan_constants.h"  // kMagnitudeBins, kMagnitudeShift
 
 namespace fusekit::dp {
 
@@ -52,6 +60,16 @@ GatherPlan plan_gather(std::span<const uint64_t> edges, std::span<const uint64_t
 
 // The gather buffer's entries for `elements` and at most `received` entries in all.
 uint64_t gather_capacity(uint64_t elements, uint64_t received);
+
+// The sums an owner keeps of `nonzero`: ceil(keep * nonzero), at least 1 where nonzero > 0;
+// std::invalid_argument unless 0 < keep <= 1.
+uint64_t reselect_count(uint64_t nonzero, double keep);
+
+// From the histogram of the nonzero magnitudes (kMagnitudeBins counts): the smallest float bit
+// pattern (sign cleared) that is kept, i.e. the lower edge of the highest bin b at which the count
+// of magnitudes in bins >= b reaches `count`; 0 (keep all) where the histogram holds no more than
+// `count`. The kept count is >= `count` and exceeds it by less than bin b's population.
+uint32_t reselect_threshold(std::span<const uint64_t> histogram, uint64_t count);
 
 double allgather_bus_bytes(double bytes, int ranks);
 double allreduce_bus_bytes(double bytes, int ranks);

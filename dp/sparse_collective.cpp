@@ -4,6 +4,7 @@
 #include "dp/sparse_collective.h"
 
 #include <algorithm>
+#include <span>
 #include <stdexcept>
 #include <string>
 
@@ -75,6 +76,8 @@ SparseCollective::SparseCollective(Communicator& communicator, uint64_t elements
   FUSEKIT_CUDA_CHECK(cudaMalloc(&tile_offsets_, tiles * sizeof(unsigned)));
   FUSEKIT_CUDA_CHECK(cudaMalloc(&metadata_, layout.size * sizeof(unsigned long long)));
   FUSEKIT_CUDA_CHECK(cudaMallocHost(&host_metadata_, layout.size * sizeof(unsigned long long)));
+  FUSEKIT_CUDA_CHECK(cudaMalloc(&magnitude_counts_, kMagnitudeBins * sizeof(unsigned long long)));
+  FUSEKIT_CUDA_CHECK(cudaMallocHost(&host_magnitude_counts_, kMagnitudeBins * sizeof(unsigned long long)));
 }
 
 SparseCollective::~SparseCollective() {
@@ -88,6 +91,8 @@ SparseCollective::~SparseCollective() {
   cudaFree(tile_offsets_);
   cudaFree(metadata_);
   cudaFreeHost(host_metadata_);
+  cudaFree(magnitude_counts_);
+  cudaFreeHost(host_magnitude_counts_);
 }
 
 void SparseCollective::check_entries(const SparseEntries& mine) const {
@@ -152,7 +157,9 @@ ExchangeStats SparseCollective::allgather(const SparseEntries& mine, float* out)
 }
 
 ExchangeStats SparseCollective::reduce_scatter_allgather(const SparseEntries& mine, float* out,
-                                                         SlicePartition partition) {
+                                                         SlicePartition partition, double keep) {
+  if (!(keep > 0 && keep <= 1))
+    throw std::invalid_argument("sparse collective: keep must be in (0, 1], not " + std::to_string(keep));
   check_entries(mine);
   const int ranks = communicator_.size(), me = communicator_.rank();
   cudaStream_t stream = communicator_.stream();
@@ -230,8 +237,21 @@ ExchangeStats SparseCollective::reduce_scatter_allgather(const SparseEntries& mi
                         own ? mine.values + send_offsets[me] : received_values_ + receive_offsets[s], count(s, me),
                         wire, out, stream);
   }
+  uint32_t keep_bits = 0;
+  if (keep < 1) {  // re-selection: the threshold of this slice's largest sums
+    detail::magnitude_histogram(out, begin, end, magnitude_counts_, stream);
+    FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(host_magnitude_counts_, magnitude_counts_,
+                                       kMagnitudeBins * sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
+    FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const std::span<const uint64_t> histogram(reinterpret_cast<const uint64_t*>(host_magnitude_counts_),
+                                              kMagnitudeBins);
+    uint64_t sums = 0;
+    for (uint64_t c : histogram) sums += c;
+    stats.reselected_from = sums;
+    keep_bits = reselect_threshold(histogram, reselect_count(sums, keep));
+  }
   detail::round_slice(out, stage_, begin, end, wire, tile_counts_, tile_offsets_, metadata_ + layout.own_nonzero,
-                      stream);
+                      stream, keep_bits);
   FUSEKIT_NCCL_CHECK(
       ncclAllGather(metadata_ + layout.own_nonzero, metadata_ + layout.all_nonzero, 1, ncclUint64, comm, stream));
   FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(host + layout.all_nonzero, metadata_ + layout.all_nonzero, ranks * sizeof *host,

@@ -17,12 +17,15 @@
 //                              rank, rounds the sums to the 16-bit wire type once, and every slice
 //                              reaches every rank by one ncclBroadcast per owner in one group, as
 //                              (index, value) entries or as the dense 16-bit slice, whichever is
-//                              fewer bytes (6 per nonzero entry against 2 per element).
+//                              fewer bytes (6 per nonzero entry against 2 per element). With
+//                              keep < 1 each owner first keeps only its largest sums
+//                              (re-selection, dp/slice_plan.h): about keep x as many gathered.
 //   dense_allreduce            the baseline: ncclAllReduce (sum) of the flat buffer, in place.
 // Both sparse results are deterministic and bitwise equal on every rank. allgather's is the fp32
 // sum of the 16-bit values in rank order; reduce_scatter_allgather's owner adds in the same order,
-// so its result is exactly allgather's rounded once to the wire type (its slices travel as 16-bit
-// values; a sum that rounds to zero is +0 on every rank). The slices and the forms are dp/slice_plan.h's.
+// so its result (keep = 1) is exactly allgather's rounded once to the wire type (its slices travel
+// as 16-bit values; a sum that rounds to zero is +0 on every rank); with keep < 1, the same where
+// a sum was kept and +0 elsewhere. The slices and the forms are dp/slice_plan.h's.
 //
 // Bytes sent: per rank, by phase. A point-to-point send counts its bytes exactly; a collective
 // counts nccl-tests' bus bytes per rank (what a ring sends): an allreduce of S bytes 2S(P - 1)/P,
@@ -62,6 +65,7 @@ struct ExchangeStats {
   double imbalance = 1;             // max / mean of `received` (1 where nothing was selected)
   uint64_t result_entries = 0;      // nonzero 16-bit sums (reduce_scatter_allgather)
   int dense_slices = 0;             // slices gathered dense, the others as entries
+  uint64_t reselected_from = 0;     // re-selection: this owner's nonzero fp32 sums before it (0: none)
 };
 
 class SparseCollective {
@@ -75,8 +79,11 @@ class SparseCollective {
   SparseCollective& operator=(const SparseCollective&) = delete;
 
   ExchangeStats allgather(const SparseEntries& mine, float* out);
+  // keep < 1: each owner keeps about that fraction of its slice's nonzero sums, the largest
+  // (dp/slice_plan.h's re-selection); the others are zero in `out` on every rank. The caller
+  // returns its entries there to its residual (ErrorFeedback::return_unapplied).
   ExchangeStats reduce_scatter_allgather(const SparseEntries& mine, float* out,
-                                         SlicePartition partition = SlicePartition::balanced);
+                                         SlicePartition partition = SlicePartition::balanced, double keep = 1.0);
 
   uint64_t elements() const { return elements_; }
   WireValue wire() const { return type_; }
@@ -104,6 +111,8 @@ class SparseCollective {
   unsigned long long* metadata_ = nullptr;  // histogram (bins + 1), loads (bins + 1), counts
   // host, pinned
   unsigned long long* host_metadata_ = nullptr;
+  unsigned long long* magnitude_counts_ = nullptr;       // device, kMagnitudeBins: re-selection
+  unsigned long long* host_magnitude_counts_ = nullptr;  // pinned
 };
 
 // The dense baseline: ncclAllReduce (sum) of `elements` of `dtype` at `buffer`, in place, on the

@@ -44,7 +44,12 @@ def transport(record):
 def name(record):
     exchange = record.get("exchange", "?")
     if exchange == "sparse":
-        return f"sparse {record.get('density'):g} {record.get('collective', '')}".strip()
+        text = f"sparse {record.get('density'):g} {record.get('collective', '')}".strip()
+        if record.get("reselect", 1) < 1:
+            text += f", keep {record['reselect']:g}"
+        if record.get("momentum", 0) > 0:
+            text += f", momentum {record['momentum']:g}"
+        return text
     if exchange == "auto":
         return f"auto ({record.get('density'):g})"
     return exchange

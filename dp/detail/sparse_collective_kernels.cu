@@ -6,9 +6,12 @@
 //                          once per run (indices are sorted, so a run touches few bins);
 //   scatter_add            out[index] += value for one source rank (indices of one rank are
 //                          distinct: no atomics, and the caller fixes the order of the ranks);
+//   magnitude histogram    re-selection's counts of the owner's nonzero sums by magnitude bin
+//                          (shared-memory atomics per block, then one global add per bin);
 //   round + count          per tile of 4096 elements of the owner's slice: the 16-bit sums into the
-//                          stage, widened back into out, nonzero words counted per tile, then one
-//                          block scans the tiles' counts;
+//                          stage (those under the re-selection threshold as zero), widened back
+//                          into out, nonzero words counted per tile, then one block scans the
+//                          tiles' counts;
 //   compact                each tile writes its nonzero words in index order (a block-wide scan);
 //   widen / scatter        the other ranks' slices into out.
 #include "dp/detail/sparse_collective_kernels.h"
@@ -17,6 +20,7 @@
 
 #include "dp/detail/block_scan.cuh"
 #include "dp/detail/wire.cuh"
+#include "dp/slice_plan_constants.h"
 #include "kernels/common.cuh"
 #include "kernels/detail/dispatch.h"
 
@@ -117,13 +121,15 @@ __global__ void __launch_bounds__(kThreads)
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     round_slice_kernel(float* __restrict__ out, uint16_t* __restrict__ stage, uint64_t begin, uint64_t end,
-                       unsigned* __restrict__ tile_counts) {
+                       unsigned* __restrict__ tile_counts, uint32_t keep_bits) {
   __shared__ unsigned warp_totals[kernels::kWarpSize];
   const uint64_t tile_begin = begin + static_cast<uint64_t>(blockIdx.x) * kSliceTile;
   const uint64_t tile_end = tile_begin + kSliceTile < end ? tile_begin + kSliceTile : end;
   unsigned nonzero = 0;
   for (uint64_t i = tile_begin + threadIdx.x; i < tile_end; i += blockDim.x) {
-    uint16_t bits = to_wire<T>(out[i]);
+    float sum = out[i];
+    if ((__float_as_uint(sum) & 0x7FFFFFFFu) < keep_bits) sum = 0.0f;  // re-selection: not kept
+    uint16_t bits = to_wire<T>(sum);
     if (!nonzero_wire(bits)) bits = 0;  // a sum that rounds to -0 travels as +0, as a dropped entry does
     stage[i] = bits;
     out[i] = from_wire<T>(bits);
@@ -132,6 +138,24 @@ __global__ void __launch_bounds__(kThreads)
   unsigned total;
   block_exclusive_scan(nonzero, warp_totals, total);
   if (threadIdx.x == 0) tile_counts[blockIdx.x] = total;
+}
+
+// The magnitudes of the nonzero sums of out[begin, end) by bin (dp/slice_plan.h's kMagnitudeBins:
+// the float's bits below the sign, shifted by kMagnitudeShift), counted in shared memory per block.
+__global__ void __launch_bounds__(kThreads)
+    magnitude_histogram_kernel(const float* __restrict__ out, uint64_t begin, uint64_t end,
+                               unsigned long long* __restrict__ counts) {
+  __shared__ unsigned local[kMagnitudeBins];
+  for (int b = threadIdx.x; b < kMagnitudeBins; b += blockDim.x) local[b] = 0;
+  __syncthreads();
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = begin + static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < end; i += stride) {
+    const uint32_t bits = __float_as_uint(out[i]) & 0x7FFFFFFFu;
+    if (bits != 0) atomicAdd(&local[bits >> kMagnitudeShift], 1u);
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < kMagnitudeBins; b += blockDim.x)
+    if (local[b] != 0) atomicAdd(&counts[b], static_cast<unsigned long long>(local[b]));
 }
 
 // One block: the exclusive scan of the tiles' counts, and their sum into *total.
@@ -235,8 +259,17 @@ void narrow(const float* in, uint64_t elements, kernels::DType to, void* out, un
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }
 
+void magnitude_histogram(const float* out, uint64_t begin, uint64_t end, unsigned long long* counts,
+                         cudaStream_t stream) {
+  FUSEKIT_CUDA_CHECK(cudaMemsetAsync(counts, 0, kMagnitudeBins * sizeof *counts, stream));
+  if (end <= begin) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<uint64_t>(blocks_for(end - begin, kThreads * 16), 1024));
+  magnitude_histogram_kernel<<<blocks, kThreads, 0, stream>>>(out, begin, end, counts);
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
 void round_slice(float* out, uint16_t* stage, uint64_t begin, uint64_t end, kernels::DType wire, unsigned* tile_counts,
-                 unsigned* tile_offsets, unsigned long long* nonzero, cudaStream_t stream) {
+                 unsigned* tile_offsets, unsigned long long* nonzero, cudaStream_t stream, uint32_t keep_bits) {
   const uint64_t tiles = end > begin ? slice_tiles(end - begin) : 0;
   if (tiles == 0) {
     FUSEKIT_CUDA_CHECK(cudaMemsetAsync(nonzero, 0, sizeof *nonzero, stream));
@@ -244,7 +277,8 @@ void round_slice(float* out, uint16_t* stage, uint64_t begin, uint64_t end, kern
   }
   kernels::dispatch_16bit_dtype(wire, "sparse collective", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    round_slice_kernel<T><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(out, stage, begin, end, tile_counts);
+    round_slice_kernel<T>
+        <<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(out, stage, begin, end, tile_counts, keep_bits);
   });
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
   scan_tiles_kernel<<<1, kScanThreads, 0, stream>>>(tile_counts, static_cast<int>(tiles), tile_offsets, nonzero);

@@ -34,11 +34,17 @@ void widen(const uint16_t* stage, uint64_t begin, uint64_t end, kernels::DType w
 void narrow(const float* in, uint64_t elements, kernels::DType to, void* out, unsigned long long* nonfinite,
             cudaStream_t stream);
 
+// counts[b] (kMagnitudeBins of them, zeroed here) = the nonzero out[i], i in [begin, end), whose
+// magnitude's bits (sign cleared) >> kMagnitudeShift are b (dp/slice_plan.h's re-selection).
+void magnitude_histogram(const float* out, uint64_t begin, uint64_t end, unsigned long long* counts,
+                         cudaStream_t stream);
+
 // Over [begin, end): stage[i] = out[i] rounded to the wire type (-0 as +0), out[i] = stage[i] widened back;
+// an out[i] whose magnitude's bits are below keep_bits counts as 0 (re-selection; 0 keeps all).
 // *nonzero (device) = the count of nonzero words, tile_offsets (slice_tiles(end - begin) of them)
 // = each tile's first output position for compact_slice. tile_counts is scratch of the same size.
 void round_slice(float* out, uint16_t* stage, uint64_t begin, uint64_t end, kernels::DType wire, unsigned* tile_counts,
-                 unsigned* tile_offsets, unsigned long long* nonzero, cudaStream_t stream);
+                 unsigned* tile_offsets, unsigned long long* nonzero, cudaStream_t stream, uint32_t keep_bits = 0);
 // The nonzero words of stage[begin, end) as (index, value) entries in index order.
 void compact_slice(const uint16_t* stage, uint64_t begin, uint64_t end, const unsigned* tile_offsets,
                    uint32_t* out_indices, uint16_t* out_values, cudaStream_t stream);

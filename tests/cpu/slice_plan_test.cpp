@@ -8,9 +8,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <vector>
 
 namespace fusekit::dp {
@@ -129,6 +132,67 @@ TEST(GatherPlan, EntrySlicesFitTheBound) {
       smallest += static_cast<double>(std::min(2 * (edges[r + 1] - edges[r]), kEntryBytes * nonzero[r]));
     ASSERT_EQ(plan.bytes, smallest) << "trial " << trial;
   }
+}
+
+uint32_t magnitude_bits(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits & 0x7FFFFFFFu;
+}
+
+TEST(Reselect, CountIsTheCeilingAndAtLeastOne) {
+  EXPECT_EQ(reselect_count(0, 0.25), 0u);
+  EXPECT_EQ(reselect_count(10, 0.25), 3u);
+  EXPECT_EQ(reselect_count(3, 0.01), 1u);
+  EXPECT_EQ(reselect_count(7, 1.0), 7u);
+  EXPECT_THROW(reselect_count(7, 0.0), std::invalid_argument);
+  EXPECT_THROW(reselect_count(7, 1.5), std::invalid_argument);
+}
+
+// On random magnitudes spread over many octaves, the threshold keeps at least `count` and the
+// largest ones: every kept magnitude is >= every dropped one, and the overshoot is less than the
+// population of the threshold's bin.
+TEST(Reselect, ThresholdKeepsTheLargestAndAtLeastCount) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    const size_t n = 1 + rng() % 5000;
+    std::vector<float> magnitudes(n);
+    std::lognormal_distribution<float> spread(0.0f, 1.0f + static_cast<float>(rng() % 6));
+    for (float& m : magnitudes) m = spread(rng);
+    if (trial % 7 == 0)  // ties: many equal magnitudes
+      for (size_t i = 0; i < n / 2; ++i) magnitudes[i] = 1.0f;
+    std::vector<uint64_t> histogram(kMagnitudeBins, 0);
+    for (float m : magnitudes) ++histogram[magnitude_bits(m) >> kMagnitudeShift];
+    const uint64_t count = reselect_count(n, 1.0 / static_cast<double>(1 + rng() % 16));
+    const uint32_t threshold = reselect_threshold(histogram, count);
+    uint64_t kept = 0;
+    float smallest_kept = INFINITY, largest_dropped = 0;
+    for (float m : magnitudes) {
+      if (magnitude_bits(m) >= threshold) {
+        ++kept;
+        smallest_kept = std::min(smallest_kept, m);
+      } else {
+        largest_dropped = std::max(largest_dropped, m);
+      }
+    }
+    ASSERT_GE(kept, count) << "trial " << trial;
+    ASSERT_GE(smallest_kept, largest_dropped) << "trial " << trial;
+    if (threshold > 0) {
+      ASSERT_LT(kept - count, histogram[threshold >> kMagnitudeShift]) << "trial " << trial;
+    } else {
+      ASSERT_EQ(kept, n) << "trial " << trial;
+    }
+  }
+}
+
+TEST(Reselect, KeepsEverythingWhereThereIsNoMoreThanCount) {
+  std::vector<uint64_t> histogram(kMagnitudeBins, 0);
+  histogram[1000] = 3;
+  histogram[1200] = 2;
+  EXPECT_EQ(reselect_threshold(histogram, 5), 0u);
+  EXPECT_EQ(reselect_threshold(histogram, 2), 1200u << kMagnitudeShift);
+  EXPECT_EQ(reselect_threshold(histogram, 3), 1000u << kMagnitudeShift);
+  EXPECT_THROW(reselect_threshold(std::vector<uint64_t>(10, 0), 1), std::invalid_argument);
 }
 
 TEST(BusBytes, NcclTestsDefinitions) {

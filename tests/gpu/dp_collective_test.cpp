@@ -42,6 +42,7 @@
 #include "dp/error_feedback.h"
 #include "dp/gradient_exchanger.h"
 #include "dp/nccl_check.h"
+#include "dp/slice_plan.h"  // reselect_count
 #include "dp/sparse_collective.h"
 #include "dp/sparse_encoding.h"  // float_to_wire, wire_to_float
 #include "gpu_test_support.h"
@@ -554,11 +555,90 @@ TEST(DpCollectiveEdges, EmptyAndLopsidedSelections) {
   EXPECT_EQ(o.empty_balanced, std::vector<float>(elements, 0.f));
 }
 
+// Re-selection (keep < 1): each slice's owner keeps its largest sums. Every rank sends random
+// entries (the same indices overlap across ranks); against the full exchange (keep 1) of the same
+// entries, on every rank: each kept sum equals the full one, each slice keeps at least
+// ceil(keep x its nonzero sums) of them, and no dropped sum is larger in magnitude than a kept one.
+TEST(DpCollectiveReselect, OwnersKeepTheirLargestSums) {
+  FUSEKIT_REQUIRE_GPU();
+  Communicator& c = communicator();
+  const int ranks = c.size(), me = c.rank();
+  const uint64_t elements = 300007;
+  const double keep = 0.3;
+  std::mt19937_64 random(77 + static_cast<uint64_t>(me));
+  std::lognormal_distribution<float> magnitude(0.f, 2.f);
+  std::vector<uint32_t> chosen;
+  std::vector<uint16_t> words;
+  for (uint32_t i = 0; i < elements; ++i) {
+    if (random() % 20 != 0) continue;  // about 5% of the indices per rank
+    chosen.push_back(i);
+    words.push_back(float_to_wire((random() % 2 ? 1.f : -1.f) * magnitude(random), WireValue::bf16));
+  }
+  SparseCollective collective(c, elements, chosen.size() + 1, WireValue::bf16);
+  DeviceArray<uint32_t> indices(chosen.size() + 1);
+  DeviceArray<uint16_t> values(chosen.size() + 1);
+  indices.upload(chosen);
+  values.upload(words);
+  DeviceArray<float> out(elements);
+  const SparseEntries mine{indices.get(), values.get(), chosen.size()};
+  struct Outcome {
+    std::vector<float> full, kept;
+    std::vector<uint64_t> edges;
+    ExchangeStats stats;
+  };
+  const Outcome o = collectively("re-selection", [&] {
+    Outcome o;
+    collective.reduce_scatter_allgather(mine, out.get(), SlicePartition::balanced);
+    FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(c.stream()));
+    o.full = out.download(elements);
+    o.stats = collective.reduce_scatter_allgather(mine, out.get(), SlicePartition::balanced, keep);
+    FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(c.stream()));
+    o.kept = out.download(elements);
+    o.edges = collective.slice_edges();
+    return o;
+  });
+  ASSERT_EQ(o.edges.size(), static_cast<size_t>(ranks) + 1);
+  // Every rank ends with the same result.
+  const std::vector<uint64_t> hashes = gather_words(c, fnv1a(o.kept.data(), elements * sizeof(float)));
+  for (int r = 1; r < ranks; ++r) EXPECT_EQ(hashes[r], hashes[0]) << "rank " << r;
+  size_t changed = 0, kept_total = 0, full_total = 0;
+  for (int r = 0; r < ranks; ++r) {
+    uint64_t nonzero = 0, kept = 0;
+    float smallest_kept = INFINITY, largest_dropped = 0;
+    for (uint64_t i = o.edges[r]; i < o.edges[r + 1]; ++i) {
+      if (o.full[i] == 0.f) {
+        changed += o.kept[i] != 0.f;
+        continue;
+      }
+      ++nonzero;
+      if (o.kept[i] != 0.f) {
+        ++kept;
+        changed += o.kept[i] != o.full[i];
+        smallest_kept = std::min(smallest_kept, std::fabs(o.full[i]));
+      } else {
+        largest_dropped = std::max(largest_dropped, std::fabs(o.full[i]));
+      }
+    }
+    EXPECT_GE(kept, reselect_count(nonzero, keep)) << "slice " << r;
+    EXPECT_LE(largest_dropped, smallest_kept) << "slice " << r;
+    kept_total += kept;
+    full_total += nonzero;
+    if (r == me) {
+      EXPECT_EQ(o.stats.reselected_from, nonzero);  // bf16 sums of these values never round to 0
+    }
+  }
+  EXPECT_EQ(changed, 0u);
+  // An eighth of an octave per bin: the overshoot over keep stays small on spread-out magnitudes.
+  EXPECT_LE(kept_total, static_cast<size_t>(1.2 * keep * full_total) + 2 * ranks);
+  std::printf("re-selection: kept %zu of %zu sums (keep %.2f), gathered %s per rank\n", kept_total, full_total, keep,
+              mb(o.stats.gather_bytes).c_str());
+}
+
 // The gradient exchanger of a model's flat fp16 gradients (three tensors with padding between
 // them): dense sums every rank's gradients; sparse at density 1 gives the same sum rounded once;
 // sparse at 5% keeps, element by element, exchanged sum + every rank's residual == the sum of the
-// gradients, to the one fp16 rounding of the exchanged value. Every rank knows every rank's
-// gradients (each is drawn from its rank's seed), so the reference is computed on the host.
+// gradients, to the one fp16 rounding of the exchanged value, with and without re-selection. Every rank knows every
+// rank's gradients (each is drawn from its rank's seed), so the reference is computed on the host.
 TEST(DpGradientExchanger, DenseAndSparseSumTheRanksGradients) {
   FUSEKIT_REQUIRE_GPU();
   Communicator& c = communicator();
@@ -636,8 +716,14 @@ TEST(DpGradientExchanger, DenseAndSparseSumTheRanksGradients) {
   some.density = 0.05;
   std::vector<float> residual_sum;
   const std::vector<float> sparse_some = run(some, &residual_sum);
+  // Re-selection: half of each slice's sums applied, the other ranks' entries there returned to
+  // their residuals, so sum + residuals is still the gradients' sum.
+  ExchangerOptions half = some;
+  half.reselect = 0.5;
+  std::vector<float> residual_half;
+  const std::vector<float> sparse_half = run(half, &residual_half);
 
-  size_t dense_bad = 0, all_bad = 0, some_bad = 0, sent = 0, all_sent = 0;
+  size_t dense_bad = 0, all_bad = 0, some_bad = 0, sent = 0, all_sent = 0, half_bad = 0, half_sent = 0;
   for (uint64_t i = 0; i < layout.elements; ++i) {
     if (!in_tensor(i)) {
       all_bad += sparse_all[i] != 0.f;  // padding: nobody sends it
@@ -652,7 +738,13 @@ TEST(DpGradientExchanger, DenseAndSparseSumTheRanksGradients) {
     some_bad += std::fabs(sparse_some[i] + residual_sum[i] - expected[i]) >
                 half_ulp(sparse_some[i]) + 1e-6 * (magnitude[i] + 1.0);
     sent += sparse_some[i] != 0.f;
+    half_bad += std::fabs(sparse_half[i] + residual_half[i] - expected[i]) >
+                half_ulp(sparse_half[i]) + 1e-6 * (magnitude[i] + 1.0);
+    half_sent += sparse_half[i] != 0.f;
   }
+  EXPECT_EQ(half_bad, 0u);
+  EXPECT_GE(half_sent, static_cast<size_t>(0.5 * sent) - ranks);
+  EXPECT_LE(half_sent, static_cast<size_t>(0.75 * sent) + ranks);  // the threshold bin's overshoot
   EXPECT_EQ(dense_bad, 0u);
   EXPECT_EQ(all_bad, 0u);
   EXPECT_EQ(some_bad, 0u);

@@ -1,0 +1,13 @@
+// The constants of the sparse collective's re-selection (dp/slice_plan.h), in their own header so
+// that CUDA sources, which compile as C++17, can use them without slice_plan.h's C++20 headers.
+#pragma once
+
+namespace fusekit::dp {
+
+// A magnitude's bin is the top 11 bits of its float below the sign (exponent and 3 mantissa bits):
+// bin b holds the bit patterns [b << kMagnitudeShift, (b + 1) << kMagnitudeShift), an eighth of an
+// octave.
+constexpr int kMagnitudeBins = 2048;
+constexpr int kMagnitudeShift = 20;
+
+}  // namespace fusekit::dp
