@@ -84,11 +84,15 @@ __global__ void __launch_bounds__(kThreads)
 template <class W>
 __global__ void __launch_bounds__(kThreads)
     return_unapplied_kernel(const uint32_t* __restrict__ indices, const uint16_t* __restrict__ values, uint64_t count,
-                            const float* __restrict__ sum, float* __restrict__ v) {
+                            const float* __restrict__ sum, float* __restrict__ v, float* __restrict__ u) {
   for (uint64_t e = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < count;
        e += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
     const uint32_t i = indices[e];
-    if (sum[i] == 0.f) v[i] += detail::from_wire<W>(values[e]);
+    if (sum[i] == 0.f) {
+      v[i] += detail::from_wire<W>(values[e]);
+    } else if (u != nullptr) {
+      u[i] = 0.f;  // momentum factor masking, deferred to here: only where the entry was applied
+    }
   }
 }
 
@@ -101,7 +105,8 @@ void ErrorFeedback::return_unapplied(const float* sum, cudaStream_t stream) {
   const kernels::DType wire = wire_ == WireValue::f16 ? kernels::DType::f16 : kernels::DType::bf16;
   kernels::dispatch_16bit_dtype(wire, "error feedback", [&](auto tag) {
     using W = typename decltype(tag)::type;
-    return_unapplied_kernel<W><<<blocks_for(count_), kThreads, 0, stream>>>(indices_, values_, count_, sum, residual_);
+    return_unapplied_kernel<W><<<blocks_for(count_), kThreads, 0, stream>>>(indices_, values_, count_, sum, residual_,
+                                                                            defer_masking_ ? momentum_ : nullptr);
   });
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }
@@ -171,7 +176,7 @@ uint64_t ErrorFeedback::step(const void* gradient, kernels::DType dtype, double 
     using W = typename decltype(tag)::type;
     pack_kernel<W><<<blocks_for(count_), kThreads, 0, stream>>>(
         static_cast<const PackLayer*>(pack_table_), static_cast<int>(layers_.size()), selection_.indices(),
-        selection_.values(), indices_, values_, residual_, momentum_);
+        selection_.values(), indices_, values_, residual_, defer_masking_ ? nullptr : momentum_);
   });
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
   return count_;

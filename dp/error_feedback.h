@@ -50,7 +50,11 @@ class ErrorFeedback {
   // re-selection): v[i] += the wire value of each entry whose exchanged sum[i] (fp32, device, the
   // collective's output) is zero, so an entry that was not applied is delayed, not lost. Then
   //   applied sent + v == the sum of the gradients (up to float rounding), as without it.
+  // With defer_masking(true) (set before the first step), step() leaves u alone and
+  // return_unapplied() clears u only where the entry was applied: an entry sent but not applied
+  // keeps its velocity, as one never sent does.
   void return_unapplied(const float* sum, cudaStream_t stream);
+  void defer_masking(bool on) { defer_masking_ = on; }
 
   // The last step's entries, on the device: flat indices, strictly increasing, and wire values.
   const uint32_t* indices() const { return indices_; }
@@ -77,6 +81,7 @@ class ErrorFeedback {
   uint16_t* values_ = nullptr;
   void* pack_table_ = nullptr;  // device: per layer, where its entries come from and go
   uint64_t count_ = 0;
+  bool defer_masking_ = false;
   std::vector<LayerSelectionResult> results_;
 };
 

@@ -123,6 +123,7 @@ GradientExchanger::GradientExchanger(Communicator& communicator, const models::F
       options_.warmup_steps > 0 ? std::max(options_.density, options_.warmup_start) : options_.density;
   feedback_ =
       std::make_unique<ErrorFeedback>(spans_of(layout_), max_density, options_.momentum, wire_of(layout_.dtype));
+  feedback_->defer_masking(options_.reselect < 1);  // u cleared only where an entry was applied
   // The selection's capacity allows counts up to 1.25 k per tensor; no rank sends more than all.
   collective_ = std::make_unique<SparseCollective>(communicator_, layout_.elements,
                                                    std::min<uint64_t>(feedback_->capacity(), layout_.elements),

@@ -53,22 +53,28 @@ uint64_t reselect_count(uint64_t nonzero, double keep) {
   if (!(keep > 0 && keep <= 1))
     throw std::invalid_argument("re-selection: keep must be in (0, 1], not " + std::to_string(keep));
   if (nonzero == 0) return 0;
-  const double k = std::ceil(keep * static_cast<double>(nonzero));
+  // ceil without the product's rounding error deciding it (0.1 * 30 is 3.0000000000000004).
+  const double k = std::ceil(keep * static_cast<double>(nonzero) * (1 - 1e-12));
   return k < 1 ? 1 : k >= static_cast<double>(nonzero) ? nonzero : static_cast<uint64_t>(k);
 }
 
-uint32_t reselect_threshold(std::span<const uint64_t> histogram, uint64_t count) {
+ReselectLevel reselect_level(std::span<const uint64_t> histogram, uint64_t count) {
   if (histogram.size() != static_cast<size_t>(kMagnitudeBins))
     throw std::invalid_argument("re-selection: the histogram must have " + std::to_string(kMagnitudeBins) + " bins");
   uint64_t total = 0;
   for (uint64_t c : histogram) total += c;
-  if (total <= count) return 0;
+  if (total <= count) return {true, 0, 0};
   uint64_t above = 0;
   for (int b = kMagnitudeBins - 1; b > 0; --b) {
+    if (above + histogram[b] >= count) return {false, static_cast<uint32_t>(b), above};
     above += histogram[b];
-    if (above >= count) return static_cast<uint32_t>(b) << kMagnitudeShift;
   }
-  return 0;
+  return {false, 0, above};
+}
+
+uint32_t reselect_threshold(const ReselectLevel& coarse, const ReselectLevel& fine) {
+  if (coarse.keep_all) return 0;
+  return (coarse.bin << kMagnitudeShift) | (fine.keep_all ? 0u : fine.bin << kFineShift);
 }
 
 double allgather_bus_bytes(double bytes, int ranks) { return bytes * (ranks - 1) / ranks; }

@@ -11,10 +11,13 @@
 //   re-selection (keep < 1) before the gather, each owner keeps about `keep` of its slice's
 //                 nonzero sums, the largest in magnitude (a global top-k by slices, as gTop-k and
 //                 Ok-Topk do): a histogram of the sums' magnitudes in bins of an eighth of an octave
-//                 (a float's exponent and 3 mantissa bits) gives the threshold, reselect_threshold
-//                 below; the sums under it become zero and are not gathered, and the senders take
-//                 their entries there back into their error-feedback residuals
-//                 (ErrorFeedback::return_unapplied), so nothing is lost, only delayed.
+//                 (a float's exponent and 3 mantissa bits) finds the bin where the count is reached,
+//                 a second histogram splits that bin 2048 ways, and the threshold is the lower edge
+//                 of the fine bin where it is reached (reselect_level below, twice): the sums under
+//                 it become zero and are not gathered, and the senders take their entries there back
+//                 into their error-feedback residuals (ErrorFeedback::return_unapplied), so nothing
+//                 is lost, only delayed. Two levels because the sums of top-k selections crowd just
+//                 above the ranks' own thresholds: one coarse bin there can hold 40% of them.
 // Entry slices have fewer than a third as many entries as elements, so together they never
 // exceed gather_capacity: the buffer is sized once.
 //
@@ -65,11 +68,22 @@ uint64_t gather_capacity(uint64_t elements, uint64_t received);
 // std::invalid_argument unless 0 < keep <= 1.
 uint64_t reselect_count(uint64_t nonzero, double keep);
 
-// From the histogram of the nonzero magnitudes (kMagnitudeBins counts): the smallest float bit
-// pattern (sign cleared) that is kept, i.e. the lower edge of the highest bin b at which the count
-// of magnitudes in bins >= b reaches `count`; 0 (keep all) where the histogram holds no more than
-// `count`. The kept count is >= `count` and exceeds it by less than bin b's population.
-uint32_t reselect_threshold(std::span<const uint64_t> histogram, uint64_t count);
+// One level of the threshold search, over kMagnitudeBins counts: the highest bin b at which the
+// count of values in bins >= b reaches `count`, and `above`, the count in bins > b (so count - above
+// of bin b's values are still needed). keep_all where the histogram holds no more than `count`
+// (then bin 0, above 0).
+struct ReselectLevel {
+  bool keep_all = false;
+  uint32_t bin = 0;
+  uint64_t above = 0;
+};
+ReselectLevel reselect_level(std::span<const uint64_t> histogram, uint64_t count);
+
+// The threshold (the smallest magnitude bit pattern kept) from the two levels: coarse = the level
+// over the coarse bins for `count`, fine = the level over that bin's fine histogram for
+// count - coarse.above. 0 (keep all) where coarse.keep_all. The kept count is >= count and exceeds
+// it by less than the population of one fine bin (ties aside: equal magnitudes are kept together).
+uint32_t reselect_threshold(const ReselectLevel& coarse, const ReselectLevel& fine);
 
 double allgather_bus_bytes(double bytes, int ranks);
 double allreduce_bus_bytes(double bytes, int ranks);

@@ -9,5 +9,8 @@ namespace fusekit::dp {
 // octave.
 constexpr int kMagnitudeBins = 2048;
 constexpr int kMagnitudeShift = 20;
+// The second level splits one bin by the next 11 bits: bin (bits >> kFineShift) & (kMagnitudeBins - 1)
+// of the values whose coarse bin is the one being refined, 1/16384 of an octave each.
+constexpr int kFineShift = 9;
 
 }  // namespace fusekit::dp

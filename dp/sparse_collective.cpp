@@ -238,17 +238,23 @@ ExchangeStats SparseCollective::reduce_scatter_allgather(const SparseEntries& mi
                         wire, out, stream);
   }
   uint32_t keep_bits = 0;
-  if (keep < 1) {  // re-selection: the threshold of this slice's largest sums
-    detail::magnitude_histogram(out, begin, end, magnitude_counts_, stream);
-    FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(host_magnitude_counts_, magnitude_counts_,
-                                       kMagnitudeBins * sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
-    FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const std::span<const uint64_t> histogram(reinterpret_cast<const uint64_t*>(host_magnitude_counts_),
-                                              kMagnitudeBins);
+  if (keep < 1) {  // re-selection: the threshold of this slice's largest sums, in two levels
+    const auto histogram = [&](int coarse_bin) {
+      detail::magnitude_histogram(out, begin, end, coarse_bin, magnitude_counts_, stream);
+      FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(host_magnitude_counts_, magnitude_counts_,
+                                         kMagnitudeBins * sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
+      FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+      return std::vector<uint64_t>(host_magnitude_counts_, host_magnitude_counts_ + kMagnitudeBins);
+    };
+    const std::vector<uint64_t> coarse_counts = histogram(-1);
     uint64_t sums = 0;
-    for (uint64_t c : histogram) sums += c;
+    for (uint64_t c : coarse_counts) sums += c;
     stats.reselected_from = sums;
-    keep_bits = reselect_threshold(histogram, reselect_count(sums, keep));
+    const uint64_t count = reselect_count(sums, keep);
+    const ReselectLevel coarse = reselect_level(coarse_counts, count);
+    ReselectLevel fine{true, 0, 0};
+    if (!coarse.keep_all) fine = reselect_level(histogram(static_cast<int>(coarse.bin)), count - coarse.above);
+    keep_bits = reselect_threshold(coarse, fine);
   }
   detail::round_slice(out, stage_, begin, end, wire, tile_counts_, tile_offsets_, metadata_ + layout.own_nonzero,
                       stream, keep_bits);

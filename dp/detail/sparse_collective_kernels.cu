@@ -6,8 +6,9 @@
 //                          once per run (indices are sorted, so a run touches few bins);
 //   scatter_add            out[index] += value for one source rank (indices of one rank are
 //                          distinct: no atomics, and the caller fixes the order of the ranks);
-//   magnitude histogram    re-selection's counts of the owner's nonzero sums by magnitude bin
-//                          (shared-memory atomics per block, then one global add per bin);
+//   magnitude histogram    re-selection's counts of the owner's nonzero sums by magnitude bin, or
+//                          of one bin's sums by fine bin (shared-memory atomics per block, then
+//                          one global add per bin);
 //   round + count          per tile of 4096 elements of the owner's slice: the 16-bit sums into the
 //                          stage (those under the re-selection threshold as zero), widened back
 //                          into out, nonzero words counted per tile, then one block scans the
@@ -141,9 +142,10 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The magnitudes of the nonzero sums of out[begin, end) by bin (dp/slice_plan.h's kMagnitudeBins:
-// the float's bits below the sign, shifted by kMagnitudeShift), counted in shared memory per block.
+// the float's bits below the sign, shifted by kMagnitudeShift), counted in shared memory per block;
+// with coarse_bin >= 0, only the values in that coarse bin, by their next 11 bits (kFineShift).
 __global__ void __launch_bounds__(kThreads)
-    magnitude_histogram_kernel(const float* __restrict__ out, uint64_t begin, uint64_t end,
+    magnitude_histogram_kernel(const float* __restrict__ out, uint64_t begin, uint64_t end, int coarse_bin,
                                unsigned long long* __restrict__ counts) {
   __shared__ unsigned local[kMagnitudeBins];
   for (int b = threadIdx.x; b < kMagnitudeBins; b += blockDim.x) local[b] = 0;
@@ -151,7 +153,12 @@ __global__ void __launch_bounds__(kThreads)
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   for (uint64_t i = begin + static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < end; i += stride) {
     const uint32_t bits = __float_as_uint(out[i]) & 0x7FFFFFFFu;
-    if (bits != 0) atomicAdd(&local[bits >> kMagnitudeShift], 1u);
+    if (bits == 0) continue;
+    if (coarse_bin < 0) {
+      atomicAdd(&local[bits >> kMagnitudeShift], 1u);
+    } else if (static_cast<int>(bits >> kMagnitudeShift) == coarse_bin) {
+      atomicAdd(&local[(bits >> kFineShift) & (kMagnitudeBins - 1)], 1u);
+    }
   }
   __syncthreads();
   for (int b = threadIdx.x; b < kMagnitudeBins; b += blockDim.x)
@@ -259,12 +266,12 @@ void narrow(const float* in, uint64_t elements, kernels::DType to, void* out, un
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }
 
-void magnitude_histogram(const float* out, uint64_t begin, uint64_t end, unsigned long long* counts,
+void magnitude_histogram(const float* out, uint64_t begin, uint64_t end, int coarse_bin, unsigned long long* counts,
                          cudaStream_t stream) {
   FUSEKIT_CUDA_CHECK(cudaMemsetAsync(counts, 0, kMagnitudeBins * sizeof *counts, stream));
   if (end <= begin) return;
   const unsigned blocks = static_cast<unsigned>(std::min<uint64_t>(blocks_for(end - begin, kThreads * 16), 1024));
-  magnitude_histogram_kernel<<<blocks, kThreads, 0, stream>>>(out, begin, end, counts);
+  magnitude_histogram_kernel<<<blocks, kThreads, 0, stream>>>(out, begin, end, coarse_bin, counts);
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }
 

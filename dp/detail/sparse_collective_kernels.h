@@ -35,8 +35,10 @@ void narrow(const float* in, uint64_t elements, kernels::DType to, void* out, un
             cudaStream_t stream);
 
 // counts[b] (kMagnitudeBins of them, zeroed here) = the nonzero out[i], i in [begin, end), whose
-// magnitude's bits (sign cleared) >> kMagnitudeShift are b (dp/slice_plan.h's re-selection).
-void magnitude_histogram(const float* out, uint64_t begin, uint64_t end, unsigned long long* counts,
+// magnitude's bits (sign cleared) >> kMagnitudeShift are b (coarse_bin < 0), or of those whose
+// coarse bin is coarse_bin, the ones with (bits >> kFineShift) & (kMagnitudeBins - 1) == b
+// (dp/slice_plan.h's re-selection, its two levels).
+void magnitude_histogram(const float* out, uint64_t begin, uint64_t end, int coarse_bin, unsigned long long* counts,
                          cudaStream_t stream);
 
 // Over [begin, end): stage[i] = out[i] rounded to the wire type (-0 as +0), out[i] = stage[i] widened back;

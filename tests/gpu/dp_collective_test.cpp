@@ -574,7 +574,7 @@ TEST(DpCollectiveReselect, OwnersKeepTheirLargestSums) {
     chosen.push_back(i);
     words.push_back(float_to_wire((random() % 2 ? 1.f : -1.f) * magnitude(random), WireValue::bf16));
   }
-  SparseCollective collective(c, elements, chosen.size() + 1, WireValue::bf16);
+  SparseCollective collective(c, elements, elements, WireValue::bf16);  // one bound on every rank
   DeviceArray<uint32_t> indices(chosen.size() + 1);
   DeviceArray<uint16_t> values(chosen.size() + 1);
   indices.upload(chosen);
@@ -743,8 +743,9 @@ TEST(DpGradientExchanger, DenseAndSparseSumTheRanksGradients) {
     half_sent += sparse_half[i] != 0.f;
   }
   EXPECT_EQ(half_bad, 0u);
+  // Half of each slice's sums, to within the fine bins' overshoot (crowded sums: top-5% selections).
   EXPECT_GE(half_sent, static_cast<size_t>(0.5 * sent) - ranks);
-  EXPECT_LE(half_sent, static_cast<size_t>(0.75 * sent) + ranks);  // the threshold bin's overshoot
+  EXPECT_LE(half_sent, static_cast<size_t>(0.52 * sent) + 2 * ranks);
   EXPECT_EQ(dense_bad, 0u);
   EXPECT_EQ(all_bad, 0u);
   EXPECT_EQ(some_bad, 0u);
