@@ -1,7 +1,6 @@
 #include "baselines/models/bert_baseline.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/autocast_mode.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/cuda.h>
@@ -275,36 +274,6 @@ models::BertConfig validated(const models::BertConfig& config) {
   return config;
 }
 
-// torch.autocast("cuda", dtype)'s __enter__ and __exit__; nothing where disabled.
-class AutocastRegion {
- public:
-  AutocastRegion(bool enabled, at::ScalarType dtype) : enabled_(enabled) {
-    if (!enabled_) return;
-    previous_cache_enabled_ = at::autocast::is_autocast_cache_enabled();
-    previous_enabled_ = at::autocast::is_autocast_enabled(at::kCUDA);
-    previous_dtype_ = at::autocast::get_autocast_dtype(at::kCUDA);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
-    at::autocast::increment_nesting();
-    at::autocast::set_autocast_cache_enabled(true);
-  }
-  ~AutocastRegion() {
-    if (!enabled_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(at::kCUDA, previous_enabled_);
-    at::autocast::set_autocast_dtype(at::kCUDA, previous_dtype_);
-    at::autocast::set_autocast_cache_enabled(previous_cache_enabled_);
-  }
-  AutocastRegion(const AutocastRegion&) = delete;
-  AutocastRegion& operator=(const AutocastRegion&) = delete;
-
- private:
-  bool enabled_;
-  bool previous_enabled_ = false;
-  bool previous_cache_enabled_ = true;
-  at::ScalarType previous_dtype_ = at::kHalf;
-};
-
 // Hugging Face's _init_weights for BERT: Linear and Embedding weights normal(0, 0.02), biases 0,
 // LayerNorm 1 and 0, the padding token's embedding 0.
 void init_weights(detail::BertForMaskedLMImpl& model, uint64_t seed) {
@@ -331,7 +300,8 @@ BaselineBert::BaselineBert(const models::BertConfig& config, const models::BertT
       precision_(precision),
       layout_(config_, models::QkvLayout::separate, kernels::DType::f32),
       device_(at::kCUDA, c10::cuda::current_device()),
-      model_(std::make_shared<detail::BertForMaskedLMImpl>(config_)) {
+      model_(std::make_shared<detail::BertForMaskedLMImpl>(config_)),
+      runner_(device_, "bert baseline") {
   init_weights(*model_, options.seed);
   model_->to(device_);
   model_->train();
@@ -341,39 +311,23 @@ BaselineBert::BaselineBert(const models::BertConfig& config, const models::BertT
     throw std::logic_error("bert baseline: the module has " + std::to_string(named.size()) +
                            " parameters, the layout " + std::to_string(layout_.parameters().size()));
   }
-  for (ParameterGroup& group : groups_) {
-    group.hyper = {options.lr, options.beta1, options.beta2, options.eps, options.weight_decay};
-  }
-  groups_[1].hyper.weight_decay = 0.0;
-  const auto floats = at::TensorOptions().dtype(at::kFloat).device(device_);
-  for (size_t i = 0; i < layout_.parameters().size(); ++i) {
-    const models::BertParameter& p = layout_.parameters()[i];
+  std::vector<bool> decays;
+  for (const models::BertParameter& p : layout_.parameters()) {
     const at::Tensor* tensor = named.find(p.name);
     if (!tensor) throw std::logic_error("bert baseline: the module has no parameter '" + p.name + "'");
     parameters_.push_back(*tensor);
-    // torch.optim.AdamW(fused=True)'s state, created at the first step there: zeros like the parameter
-    // and a 0-dim float32 step count on its device.
-    ParameterGroup& group = groups_[p.decays ? 0 : 1];
-    group.members.push_back(i);
-    group.state.params.push_back(*tensor);
-    group.state.exp_avgs.push_back(at::zeros_like(*tensor));
-    group.state.exp_avg_sqs.push_back(at::zeros_like(*tensor));
-    group.state.steps.push_back(at::zeros({}, floats));
+    decays.push_back(p.decays);
   }
-
   const double scale =
       options.effective_loss_scale(precision == BaselinePrecision::fp32 ? kernels::DType::f32 : config_.dtype);
-  scale_ = at::full({}, scale, floats);
-  inv_scale_ = at::full({}, static_cast<float>(1.0 / scale), floats);  // scale.double().reciprocal().float()
-  found_inf_ = at::zeros({}, floats);
+  trainer_ = std::make_unique<AmpAdamW>(
+      parameters_, decays,
+      AdamWHyperparameters{options.lr, options.beta1, options.beta2, options.eps, options.weight_decay}, scale);
   position_ids_ = at::arange(config_.sequence, at::TensorOptions().dtype(at::kLong).device(device_)).unsqueeze(0);
   torch::cuda::manual_seed(options.seed);
 }
 
-BaselineBert::~BaselineBert() {
-  // No step may still read memory that the caching allocator gets back here.
-  if (last_stream_) (void)cudaStreamSynchronize(last_stream_->stream());
-}
+BaselineBert::~BaselineBert() = default;  // runner_ waits for the last step first
 
 const char* BaselineBert::variant() const {
   return precision_ == BaselinePrecision::amp ? "baseline" : "baseline-fp32";
@@ -382,18 +336,14 @@ const char* BaselineBert::variant() const {
 void BaselineBert::load_state_dict(const std::vector<models::TensorView>& tensors) {
   std::vector<std::byte> flat(layout_.flat_bytes());
   models::load_bert_state_dict(tensors, layout_, flat);
-  if (last_stream_) last_stream_->synchronize();
+  runner_.synchronize();
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const models::BertParameter& p = layout_.parameters()[i];
     parameters_[i].copy_(at::from_blob(flat.data() + p.offset * sizeof(float), p.shape, at::kFloat));
   }
-  for (ParameterGroup& group : groups_) {
-    at::_foreach_zero_(group.state.exp_avgs);
-    at::_foreach_zero_(group.state.exp_avg_sqs);
-    at::_foreach_zero_(group.state.steps);
-  }
-  for (at::Tensor& p : parameters_) p.mutable_grad().reset();
+  trainer_->reset_state();
+  trainer_->zero_grad();
 }
 
 BaselineBert::DeviceBatch BaselineBert::to_device(const models::MlmBatch& batch) const {
@@ -419,65 +369,37 @@ BaselineBert::DeviceBatch BaselineBert::to_device(const models::MlmBatch& batch)
 }
 
 at::Tensor BaselineBert::forward_backward_scaled(const DeviceBatch& batch) {
-  for (at::Tensor& p : parameters_) p.mutable_grad().reset();  // optimizer.zero_grad(): set to None
-  at::Tensor loss;
-  {
-    profiler::ScopedRange range("bert.forward");
-    const AutocastRegion autocast(precision_ == BaselinePrecision::amp,
-                                  config_.dtype == kernels::DType::bf16 ? at::kBFloat16 : at::kHalf);
-    loss = model_->forward(batch.input_ids, batch.token_type_ids, position_ids_, batch.attention_mask, batch.labels);
-  }
-  {
-    profiler::ScopedRange range("bert.backward");
-    (loss * scale_).backward();  // scaler.scale(loss).backward()
-  }
-  return loss.detach();
-}
-
-void BaselineBert::unscale_gradients() {
-  std::vector<at::Tensor> grads;
-  for (const at::Tensor& p : parameters_) grads.push_back(p.grad());
-  found_inf_.zero_();
-  at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf_, inv_scale_);
-}
-
-void BaselineBert::adamw_step() {
-  // GradScaler.step's call of the fused optimizer once unscale_ ran: found_inf, no grad_scale.
-  for (ParameterGroup& group : groups_) {
-    for (size_t i : group.members) group.state.grads.push_back(parameters_[i].grad());
-    adamw_fused_step(group.state, group.hyper, found_inf_);
-    group.state.grads.clear();  // the next zero_grad sets the gradients to None: hold no reference to them
-  }
+  return trainer_->forward_backward("bert", precision_ == BaselinePrecision::amp, autocast_dtype(config_.dtype), [&] {
+    return model_->forward(batch.input_ids, batch.token_type_ids, position_ids_, batch.attention_mask, batch.labels);
+  });
 }
 
 at::Tensor BaselineBert::train_step(const DeviceBatch& batch) {
-  profiler::ScopedRange range("bert.step");
-  const at::Tensor loss = forward_backward_scaled(batch);
-  profiler::ScopedRange optimizer("bert.optimizer");
-  unscale_gradients();  // scaler.unscale_(optimizer)
-  adamw_step();         // scaler.step(optimizer)
-  return loss;
+  return trainer_->train_step("bert", precision_ == BaselinePrecision::amp, autocast_dtype(config_.dtype), [&] {
+    return model_->forward(batch.input_ids, batch.token_type_ids, position_ids_, batch.attention_mask, batch.labels);
+  });
 }
 
 float BaselineBert::forward_backward(const models::MlmBatch& batch) {
   const DeviceBatch device_batch = to_device(batch);
-  last_stream_ = c10::cuda::getCurrentCUDAStream(device_.index());
-  const at::Tensor loss = forward_backward_scaled(device_batch);
-  unscale_gradients();
-  return loss.item<float>();
+  return runner_.run_now(
+      [&] {
+        const at::Tensor loss = forward_backward_scaled(device_batch);
+        trainer_->unscale();
+        return loss;
+      },
+      false);
 }
 
 float BaselineBert::step(const models::MlmBatch& batch) {
   const DeviceBatch device_batch = to_device(batch);
-  last_stream_ = c10::cuda::getCurrentCUDAStream(device_.index());
-  last_loss_ = train_step(device_batch);
-  return last_loss_.item<float>();
+  return runner_.run_now([&] { return train_step(device_batch); }, true);
 }
 
 void BaselineBert::prepare_batches(const std::vector<models::MlmBatch>& batches) {
   std::vector<DeviceBatch> prepared;
   for (const models::MlmBatch& batch : batches) prepared.push_back(to_device(batch));
-  if (last_stream_) last_stream_->synchronize();  // steps may still read the batches replaced here
+  runner_.synchronize();  // steps may still read the batches replaced here
   batches_ = std::move(prepared);
 }
 
@@ -486,37 +408,17 @@ void BaselineBert::enqueue_step(int batch_index, cudaStream_t stream) {
     throw std::out_of_range("bert baseline: batch " + std::to_string(batch_index) + " of " +
                             std::to_string(batches_.size()) + " prepared");
   }
-  const c10::cuda::CUDAStream torch_stream = c10::cuda::getStreamFromExternal(stream, device_.index());
-  const c10::cuda::CUDAStreamGuard guard(torch_stream);
-  last_loss_ = train_step(batches_[batch_index]);
-  last_stream_ = torch_stream;
+  runner_.enqueue(stream, [&] { return train_step(batches_[batch_index]); });
 }
 
-float BaselineBert::last_loss() {
-  if (!last_loss_.defined()) throw std::logic_error("bert baseline: no step has run");
-  c10::cuda::OptionalCUDAStreamGuard guard;
-  if (last_stream_) guard.reset_stream(*last_stream_);
-  return last_loss_.item<float>();
+float BaselineBert::last_loss() { return runner_.last_loss(); }
+
+std::vector<models::HostTensor> BaselineBert::gradients() {
+  return runner_.host_copies(parameters_, layout_.parameters(), true);
 }
 
-std::vector<models::HostTensor> BaselineBert::host_copies(bool gradients) {
-  c10::cuda::OptionalCUDAStreamGuard guard;
-  if (last_stream_) guard.reset_stream(*last_stream_);
-  std::vector<models::HostTensor> out;
-  for (size_t i = 0; i < parameters_.size(); ++i) {
-    const models::BertParameter& p = layout_.parameters()[i];
-    const at::Tensor source = gradients ? parameters_[i].grad() : parameters_[i].detach();
-    if (!source.defined()) throw std::logic_error("bert baseline: no gradients yet (run forward_backward or step)");
-    const at::Tensor host = source.to(at::kCPU).contiguous();
-    models::HostTensor tensor{p.name, p.shape, {}};
-    tensor.values.assign(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
-    out.push_back(std::move(tensor));
-  }
-  return out;
+std::vector<models::HostTensor> BaselineBert::parameters() {
+  return runner_.host_copies(parameters_, layout_.parameters(), false);
 }
-
-std::vector<models::HostTensor> BaselineBert::gradients() { return host_copies(true); }
-
-std::vector<models::HostTensor> BaselineBert::parameters() { return host_copies(false); }
 
 }  // namespace fusekit::baselines

@@ -37,12 +37,11 @@
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <array>
 #include <memory>
 #include <optional>
 #include <vector>
 
-#include "baselines/adamw.h"
+#include "baselines/models/amp_training.h"
 #include "models/bert_model.h"
 #include "models/bert_parameters.h"
 
@@ -51,11 +50,6 @@ namespace fusekit::baselines {
 namespace detail {
 class BertForMaskedLMImpl;  // the torch::nn module tree (bert_baseline.cpp)
 }
-
-enum class BaselinePrecision {
-  amp,   // fp32 parameters, forward under autocast to the config's dtype
-  fp32,  // fp32 throughout, no autocast
-};
 
 class BaselineBert : public models::BertMlmModel {
  public:
@@ -83,34 +77,21 @@ class BaselineBert : public models::BertMlmModel {
   struct DeviceBatch {
     at::Tensor input_ids, token_type_ids, labels, attention_mask;
   };
-  // One parameter group of the optimizer: its hyperparameters and its state (torch.optim.AdamW's
-  // param_groups and state); the gradients are gathered into it for each step only.
-  struct ParameterGroup {
-    std::vector<size_t> members;  // indices into parameters_
-    AdamWHyperparameters hyper{};
-    AdamWTensors state;
-  };
-
   DeviceBatch to_device(const models::MlmBatch& batch) const;
   // Gradients to None, the forward under autocast and (loss * scale).backward(): the loss, detached.
   at::Tensor forward_backward_scaled(const DeviceBatch& batch);
-  void unscale_gradients();  // GradScaler.unscale_: gradients / scale, found_inf_ set on inf or NaN
-  void adamw_step();         // GradScaler.step(AdamW(fused=True)) after unscale_, per group
   at::Tensor train_step(const DeviceBatch& batch);
-  std::vector<models::HostTensor> host_copies(bool gradients);
 
   models::BertConfig config_;
   BaselinePrecision precision_;
   models::BertParameterLayout layout_;  // separate query, key and value; the order of parameters_
   at::Device device_;
   std::shared_ptr<detail::BertForMaskedLMImpl> model_;
-  std::vector<at::Tensor> parameters_;        // the module's parameters in layout_'s order
-  std::array<ParameterGroup, 2> groups_;      // decaying, not decaying
-  at::Tensor scale_, inv_scale_, found_inf_;  // 0-dim float32 on the device, as GradScaler keeps them
-  at::Tensor position_ids_;                   // [1, sequence]: 0 .. sequence-1
+  std::vector<at::Tensor> parameters_;  // the module's parameters in layout_'s order
+  std::unique_ptr<AmpAdamW> trainer_;   // GradScaler (static scale) + AdamW(fused=True), two groups
+  at::Tensor position_ids_;             // [1, sequence]: 0 .. sequence-1
   std::vector<DeviceBatch> batches_;
-  at::Tensor last_loss_;
-  std::optional<c10::cuda::CUDAStream> last_stream_;  // where the last step ran: readers order after it
+  StepRunner runner_;  // last: destroyed first, it waits for the last step
 };
 
 }  // namespace fusekit::baselines
