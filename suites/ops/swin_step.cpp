@@ -3,8 +3,10 @@
 // bert_step.
 //
 //   fused      models/swin_fused.h: fusekit's kernels, memory planned once, fp32 master weights
+//   baseline   baselines/models/swin_baseline.h: libtorch modules in timm's structure, autocast,
+//              autograd, AdamW fused=True (where libtorch is found)
 // Peers (scripts/peers/ops/swin_step.py): timm's model under AMP, eager and torch.compile, and the
-// same model patched by fusekit.torch, eager and compiled. The libtorch baseline variant follows.
+// same model patched by fusekit.torch, eager and compiled.
 //
 // Shapes are models/swin_config.h's specs without the dtype: "swin-t:b128". Every variant starts
 // from random weights of timm's initializer's distribution (models/swin_init.h, seed 1) and rotates
@@ -24,6 +26,13 @@
 #include "models/swin_fused.h"
 #include "models/swin_init.h"
 #include "suites/ops/ops_suite.h"
+
+#ifdef FUSEKIT_WITH_TORCH
+#include <c10/cuda/CUDACachingAllocator.h>
+
+#include "baselines/models/swin_baseline.h"
+#include "suites/ops/torch_operands.h"
+#endif
 
 namespace fusekit::suites {
 namespace {
@@ -49,8 +58,18 @@ constexpr int kSets = 2;
 
 struct StepOperands {
   std::unique_ptr<models::FusedSwin> model;
+#ifdef FUSEKIT_WITH_TORCH
+  std::unique_ptr<baselines::BaselineSwin> baseline;
+#endif
   double bytes_before = 0;  // device memory in use before the model was built
 };
+
+// As bert_step's: the device memory the variant holds after its timed steps, over what was in
+// use before it was built.
+std::vector<store::CaseMetric> peak_memory(const StepOperands& o) {
+  FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());
+  return {{"peak_memory_bytes", device_bytes_in_use() - o.bytes_before}};
+}
 
 std::vector<models::SwinBatch> random_batches(const models::SwinConfig& c) {
   std::mt19937_64 rng(0);
@@ -69,23 +88,46 @@ std::vector<Case> swin_step_cases(const std::string& shape, kernels::DType dtype
   const models::SwinConfig config = models::parse_swin_config(shape + ":" + models::dtype_spec_name(dtype));
   store::CaseInfo info = make_case_info("swin_step", shape, dtype, false, 0);
   info.flops = step_flops(config);
-  info.variant = "fused";
   auto operands = std::make_shared<std::optional<StepOperands>>();
-  return {{info, [operands](cudaStream_t stream, int rep) { (*operands)->model->enqueue_step(rep % kSets, stream); },
-           [operands, config](cudaStream_t) {
-             operands->emplace();
-             (*operands)->bytes_before = device_bytes_in_use();
-             (*operands)->model = std::make_unique<models::FusedSwin>(config);
-             const models::SwinInitialWeights weights(config, 1, config.dtype);
-             (*operands)->model->load_state_dict(weights.tensors());
-             (*operands)->model->prepare_batches(random_batches(config));
-           },
-           [operands] { operands->reset(); },
-           [operands] {
-             FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());
-             return std::vector<store::CaseMetric>{
-                 {"peak_memory_bytes", device_bytes_in_use() - (*operands)->bytes_before}};
-           }}};
+  auto metrics = [operands] { return peak_memory(**operands); };
+  std::vector<Case> cases;
+  info.variant = "fused";
+  cases.push_back({info,
+                   [operands](cudaStream_t stream, int rep) { (*operands)->model->enqueue_step(rep % kSets, stream); },
+                   [operands, config](cudaStream_t) {
+                     operands->emplace();
+                     (*operands)->bytes_before = device_bytes_in_use();
+                     (*operands)->model = std::make_unique<models::FusedSwin>(config);
+                     const models::SwinInitialWeights weights(config, 1, config.dtype);
+                     (*operands)->model->load_state_dict(weights.tensors());
+                     (*operands)->model->prepare_batches(random_batches(config));
+                   },
+                   [operands] { operands->reset(); }, metrics});
+#ifdef FUSEKIT_WITH_TORCH
+  info.variant = "baseline";
+  cases.push_back({info,
+                   [operands](cudaStream_t stream, int rep) {
+                     TorchStream on_stream(stream);
+                     (*operands)->baseline->enqueue_step(rep % kSets, stream);
+                   },
+                   [operands, config](cudaStream_t stream) {
+                     TorchStream on_stream(stream);
+                     operands->emplace();
+                     FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());
+                     c10::cuda::CUDACachingAllocator::emptyCache();
+                     (*operands)->bytes_before = device_bytes_in_use();
+                     (*operands)->baseline = std::make_unique<baselines::BaselineSwin>(config);
+                     const models::SwinInitialWeights weights(config, 1, config.dtype);
+                     (*operands)->baseline->load_state_dict(weights.tensors());
+                     (*operands)->baseline->prepare_batches(random_batches(config));
+                   },
+                   [operands] {
+                     operands->reset();
+                     c10::cuda::CUDACachingAllocator::emptyCache();  // the next case starts from what it needs
+                   },
+                   metrics});
+#endif
+  return cases;
 }
 
 }  // namespace

@@ -21,41 +21,14 @@
 #include "models/swin_fused.h"
 #include "models/swin_init.h"
 #include "posix_files.h"
+#include "swin_test_support.h"
 
 namespace fusekit::models {
 namespace {
 
+using swin_test::floats_of;
+using swin_test::random_batch;
 using test_support::run_command;
-
-std::vector<float> floats(const TensorView& t) {
-  std::vector<float> values(t.elements());
-  EXPECT_EQ(t.type, TensorType::f32) << t.name;
-  if (t.type == TensorType::f32) std::memcpy(values.data(), t.bytes.data(), t.bytes.size());
-  return values;
-}
-
-double norm(const std::vector<float>& v) {
-  double s = 0;
-  for (float x : v) s += static_cast<double>(x) * x;
-  return std::sqrt(s);
-}
-
-double distance(const std::vector<float>& a, const std::vector<float>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) s += (static_cast<double>(a[i]) - b[i]) * (a[i] - b[i]);
-  return std::sqrt(s);
-}
-
-SwinBatch random_batch(const SwinConfig& c, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal;
-  std::uniform_int_distribution<int64_t> label(0, c.classes - 1);
-  SwinBatch b;
-  b.images.resize(static_cast<size_t>(c.batch) * c.in_channels * c.image_size * c.image_size);
-  for (float& v : b.images) v = normal(rng);
-  for (int i = 0; i < c.batch; ++i) b.labels.push_back(label(rng));
-  return b;
-}
 
 class SwinModelTest : public ::testing::TestWithParam<kernels::DType> {};
 
@@ -68,55 +41,21 @@ TEST_P(SwinModelTest, OneStepMatchesTimmWithinAmpsError) {
   const SwinInitialWeights weights(config, 7, dtype);
   const SwinBatch batch = random_batch(config, 8);
   const test_support::TempDir dir("fusekit_swin_model_");
-  write_safetensors(dir.file("weights.safetensors"), weights.tensors());
-  const std::vector<int64_t> image_shape = {config.batch, config.in_channels, config.image_size, config.image_size};
-  write_safetensors(dir.file("batch.safetensors"),
-                    {{"images", TensorType::f32, image_shape,
-                      std::as_bytes(std::span<const float>(batch.images.data(), batch.images.size()))},
-                     {"labels",
-                      TensorType::i64,
-                      {config.batch},
-                      std::as_bytes(std::span<const int64_t>(batch.labels.data(), batch.labels.size()))}});
-  std::string depths, heads;
-  for (int s = 0; s < config.stages(); ++s) {
-    depths += (s ? "," : "") + std::to_string(config.depths[s]);
-    heads += (s ? "," : "") + std::to_string(config.heads[s]);
-  }
-  const std::string command = std::string("python3 '") + SWIN_REFERENCE_SCRIPT + "' --weights '" +
-                              dir.file("weights.safetensors") + "' --batch '" + dir.file("batch.safetensors") +
-                              "' --image " + std::to_string(config.image_size) + " --patch " +
-                              std::to_string(config.patch) + " --window " + std::to_string(config.window) +
-                              " --embed-dim " + std::to_string(config.embed_dim) + " --depths " + depths + " --heads " +
-                              heads + " --classes " + std::to_string(config.classes) + " --dtype " +
-                              dtype_spec_name(dtype) + " --output '" + dir.file("reference.safetensors") + "'";
-  const auto [status, output] = run_command(command);
-  ASSERT_EQ(status, 0) << command << "\n" << output;
+  const auto [status, output] = swin_test::run_timm_reference(config, weights.tensors(), batch, dir);
+  ASSERT_EQ(status, 0) << output;
   const SafetensorsFile reference = SafetensorsFile::read(dir.file("reference.safetensors"));
 
   FusedSwin model(config);
   model.load_state_dict(weights.tensors());
   const float loss = model.forward_backward(batch);
-  const float fp32_loss = floats(*reference.find("fp32.loss"))[0], amp_loss = floats(*reference.find("amp.loss"))[0];
+  const float fp32_loss = floats_of(reference, "fp32.loss").at(0), amp_loss = floats_of(reference, "amp.loss").at(0);
   const double floor = dtype == kernels::DType::f16 ? 2e-3 : 1e-2;  // DESIGN.md's bounds
   EXPECT_LE(std::fabs(loss - fp32_loss), std::max(2.0 * std::fabs(amp_loss - fp32_loss), floor * fp32_loss))
       << "fused " << loss << ", timm float32 " << fp32_loss << ", timm AMP " << amp_loss;
 
-  const std::vector<HostTensor> gradients = model.gradients();
-  double mean_norm = 0;
-  for (const HostTensor& g : gradients) {
-    const TensorView* r = reference.find("fp32." + g.name);
-    ASSERT_NE(r, nullptr) << g.name;
-    mean_norm += norm(floats(*r)) / static_cast<double>(gradients.size());
-  }
-  const double noise = 1e-3 * mean_norm;
-  for (const HostTensor& g : gradients) {
-    const std::vector<float> fp32 = floats(*reference.find("fp32." + g.name));
-    const std::vector<float> amp = floats(*reference.find("amp." + g.name));
-    ASSERT_EQ(fp32.size(), g.values.size()) << g.name;
-    const double scale = std::max(norm(fp32), noise);
-    const double bound = std::max(2.0 * distance(amp, fp32) / scale, floor);
-    EXPECT_LE(distance(g.values, fp32) / scale, bound) << g.name;
-  }
+  swin_test::expect_within_amp_error(
+      model.gradients(), [&](const std::string& name) { return floats_of(reference, "fp32." + name); },
+      [&](const std::string& name) { return floats_of(reference, "amp." + name); }, floor, "fused vs timm");
 }
 
 TEST_P(SwinModelTest, TrainingLowersTheLoss) {
