@@ -9,6 +9,20 @@
 
 namespace fusekit::baselines {
 
+Float32Region::Float32Region(bool enabled) : enabled_(enabled) {
+  if (!enabled_) return;
+  previous_cudnn_ = at::globalContext().allowTF32CuDNN();
+  previous_cublas_ = at::globalContext().allowTF32CuBLAS();
+  at::globalContext().setAllowTF32CuDNN(false);
+  at::globalContext().setAllowTF32CuBLAS(false);
+}
+
+Float32Region::~Float32Region() {
+  if (!enabled_) return;
+  at::globalContext().setAllowTF32CuDNN(previous_cudnn_);
+  at::globalContext().setAllowTF32CuBLAS(previous_cublas_);
+}
+
 AutocastRegion::AutocastRegion(bool enabled, at::ScalarType dtype) : enabled_(enabled) {
   if (!enabled_) return;
   previous_cache_enabled_ = at::autocast::is_autocast_cache_enabled();

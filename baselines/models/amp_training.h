@@ -40,12 +40,28 @@ enum class BaselinePrecision {
   fp32,  // fp32 throughout, no autocast
 };
 
-// torch.autocast("cuda", dtype) for the scope's lifetime; nothing where `enabled` is false.
 // The autocast dtype of a model's 16-bit config dtype: bfloat16 for bf16, float16 otherwise.
 inline at::ScalarType autocast_dtype(kernels::DType dtype) {
   return dtype == kernels::DType::bf16 ? at::kBFloat16 : at::kHalf;
 }
 
+// Where `enabled`, float32 is float32 for the scope: PyTorch lets cuDNN's convolutions use TF32 by
+// default (torch.backends.cudnn.allow_tf32), which rounds their inputs to 10 mantissa bits; a
+// float32 reference step turns that (and TF32 matmuls) off, as the Python references do, and the
+// previous settings come back at the end of the scope.
+class Float32Region {
+ public:
+  explicit Float32Region(bool enabled);
+  ~Float32Region();
+  Float32Region(const Float32Region&) = delete;
+  Float32Region& operator=(const Float32Region&) = delete;
+
+ private:
+  bool enabled_;
+  bool previous_cudnn_ = true, previous_cublas_ = false;
+};
+
+// torch.autocast("cuda", dtype) for the scope's lifetime; nothing where `enabled` is false.
 class AutocastRegion {
  public:
   AutocastRegion(bool enabled, at::ScalarType dtype);

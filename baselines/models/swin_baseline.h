@@ -21,12 +21,12 @@
 //
 // Precision and the step: as baselines/models/bert_baseline.h (BaselinePrecision::amp runs the
 // forward under torch.autocast to the config's dtype with fp32 parameters; ::fp32 runs everything
-// in fp32, the equivalence tests' reference), with baselines/models/amp_training.h's loop: gradients
-// to None, the forward under autocast, (loss * scale).backward(), unscale_ and the fused AdamW that
-// skips the step on a non-finite gradient. The weights start as torch's module defaults; the
-// suites and tests load a timm state dict (models/swin_init.h, models/swin_checkpoint.h).
-// NVTX ranges as the fused step's: swin.step > swin.forward / swin.backward / swin.optimizer >
-// swin.patch_embed, swin.stage.S.downsample, swin.stage.S.block.B, swin.head.
+// in fp32, TF32 off for the patch embedding's convolution too, the equivalence tests' reference), with
+// baselines/models/amp_training.h's loop: gradients to None, the forward under autocast, (loss * scale).backward(),
+// unscale_ and the fused AdamW that skips the step on a non-finite gradient. The weights start as torch's module
+// defaults; the suites and tests load a timm state dict (models/swin_init.h, models/swin_checkpoint.h). NVTX ranges as
+// the fused step's: swin.step > swin.forward / swin.backward / swin.optimizer > swin.patch_embed,
+// swin.stage.S.downsample, swin.stage.S.block.B, swin.head.
 #pragma once
 
 #include <ATen/ATen.h>

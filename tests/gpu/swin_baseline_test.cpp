@@ -1,8 +1,8 @@
 // The libtorch Swin step (baselines/models/swin_baseline.h) on the small config (swin-test: image 56,
 // two stages of two blocks, C 32, 10 classes) at batch 4, from the same weights and images:
 // - in float32 against timm's float32 step (scripts/peers/swin_reference.py): the same function in
-//   the same precision, so the loss and every gradient agree to float32's rounding of two op orders
-//   (and TF32 in the convolution, cuDNN's default in both);
+//   the same precision (TF32 off on both sides), so the loss and every gradient agree to float32's
+//   rounding of two op orders;
 // - under AMP within twice AMP's own error against timm's float32 step, as the fused step is held;
 // - the fused step (models/swin_fused.h) against the baseline's float32 step: within twice the
 //   baseline's own AMP error (the equivalence the fused model is held to, with no Python needed);
