@@ -7,7 +7,9 @@ runs the images and labels of --batch (.safetensors: "images" F32 [B, C, H, W], 
 through it with cross-entropy (label smoothing --label-smoothing, ignore_index -100), and writes to
 --output the loss ("fp32.loss", F32 [1]) and every parameter's gradient ("fp32.<name>", F32), then
 the same under torch.autocast(--dtype) with the loss scaled by 1024 and the gradients divided back
-("amp.loss", "amp.<name>"): the test's tolerance is twice AMP's own error against float32.
+("amp.loss", "amp.<name>"): the test's tolerance is twice AMP's own error against float32. Also
+which parameters timm's optimizer factory decays ("decay.<name>", F32 [1]: 1 or 0), from the
+parameter groups of timm.optim.create_optimizer_v2(model, "adamw", weight_decay=0.05).
 
 Bad input is one line on stderr and exit status 1; usage errors exit with 2.
 """
@@ -78,6 +80,14 @@ def run(args):
     model = model.cuda().train()
     amp = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     tensors = {}
+    try:
+        from timm.optim import create_optimizer_v2
+    except ImportError as e:
+        raise InputError(f"timm.optim has no create_optimizer_v2 ({e})") from None
+    optimizer = create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05)
+    decaying = {id(p) for group in optimizer.param_groups if group["weight_decay"] > 0 for p in group["params"]}
+    for name, p in model.named_parameters():
+        tensors[f"decay.{name}"] = torch.tensor([1.0 if id(p) in decaying else 0.0])
     for prefix, dtype, scale in (("fp32", None, 1.0), ("amp", amp, 1024.0)):
         model.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):

@@ -4,7 +4,8 @@
 // weights (models/swin_init.h) and images. scripts/peers/swin_reference.py gives timm's loss and
 // gradients in float32 and under AMP; the fused step's loss and every gradient must lie within twice
 // AMP's own error against float32 (a floor for gradients that are rounding noise: 1e-3 of the mean
-// gradient norm). Then 5 training steps lower the loss, and the step allocates nothing after the first.
+// gradient norm); its decaying parameters are those timm's optimizer factory decays. Then 5
+// training steps lower the loss, and the step allocates nothing after the first.
 // Skipped (visibly) where python3 cannot import torch, timm and safetensors.
 #include <gtest/gtest.h>
 
@@ -44,6 +45,15 @@ TEST_P(SwinModelTest, OneStepMatchesTimmWithinAmpsError) {
   const auto [status, output] = swin_test::run_timm_reference(config, weights.tensors(), batch, dir);
   ASSERT_EQ(status, 0) << output;
   const SafetensorsFile reference = SafetensorsFile::read(dir.file("reference.safetensors"));
+
+  // The parameters the fused trainer decays are the ones timm's optimizer factory decays.
+  const SwinParameterLayout layout(config, kernels::DType::f32);
+  for (const SwinParameter& p : layout.parameters()) {
+    const std::vector<float> decays = floats_of(reference, "decay." + p.name);
+    ASSERT_EQ(decays.size(), 1u) << p.name;
+    EXPECT_EQ(p.decays, decays[0] == 1.f)
+        << p.name << ": timm " << (decays[0] == 1.f ? "decays" : "does not decay") << " it";
+  }
 
   FusedSwin model(config);
   model.load_state_dict(weights.tensors());
