@@ -11,6 +11,7 @@ import argparse
 import gc
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -24,6 +25,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import fusekit.torch  # noqa: E402
 
 VARIANTS = ("eager", "compile", "fusekit", "fusekit-compile")
+
+
+class VariantTimeout(Exception):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise VariantTimeout()
+
+
+signal.signal(signal.SIGALRM, _on_alarm)
 
 
 # Overrides of BERT-base for probing torch.compile (--bert-layers, --bert-dropout): None keeps it.
@@ -120,6 +132,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--json")
+    parser.add_argument("--variant-timeout", type=int, default=0,
+                        help="stop a variant after this many seconds and go on (0: no limit)")
     parser.add_argument("--bert-layers", type=int, help="keep the first N encoder layers (a probe)")
     parser.add_argument("--bert-dropout", type=float, help="every dropout probability of BERT (a probe)")
     args = parser.parse_args()
@@ -130,9 +144,20 @@ def main():
     results = {}
     for name in args.models.split(","):
         for variant in args.variants.split(","):
-            r = run(setups[name], variant, dtype, args.warmup, args.steps)
+            signal.alarm(args.variant_timeout)  # a variant that compiles for ever does not take the others down
+            try:
+                r = run(setups[name], variant, dtype, args.warmup, args.steps)
+            except VariantTimeout:
+                print(f"{name:5s} {variant:16s} stopped after {args.variant_timeout} s (compiling or recompiling?)",
+                      flush=True)
+                results[f"{name}/{variant}"] = {"timed_out_s": args.variant_timeout}
+                torch._dynamo.reset()
+                continue
+            finally:
+                signal.alarm(0)
             results[f"{name}/{variant}"] = r
-            eager = results.get(f"{name}/eager")
+            eager = results.get(f"{name}/eager", {})
+            eager = eager if "median_ms" in eager else None
             print(f"{name:5s} {variant:16s} {r['median_ms']:8.2f} ms (q1 {r['q1_ms']:.2f}, q3 {r['q3_ms']:.2f})  "
                   f"peak {r['peak_bytes'] / 2**30:6.2f} GiB"
                   + (f"  {eager['median_ms'] / r['median_ms']:5.2f}x eager" if eager else ""), flush=True)
