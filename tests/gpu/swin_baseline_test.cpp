@@ -6,11 +6,14 @@
 // - under AMP within twice AMP's own error against timm's float32 step, as the fused step is held;
 // - the fused step (models/swin_fused.h) against the baseline's float32 step: within twice the
 //   baseline's own AMP error (the equivalence the fused model is held to, with no Python needed);
-// - training: the baseline's loss falls over 6 steps on one batch.
+// - training: the baseline's loss falls over 6 steps on one batch; over 200 steps on learnable
+//   images, the fused step's loss curve tracks the baseline's.
 // The timm comparisons are skipped (visibly) where python3 cannot import torch, timm and safetensors.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -126,6 +129,67 @@ TEST_P(SwinBaselineTest, TrainingLowersTheLoss) {
   for (float l : losses) EXPECT_TRUE(std::isfinite(l));
   EXPECT_LT(losses.back(), losses.front());
   EXPECT_STREQ(model.variant(), "baseline");
+}
+
+// Images a model can learn from in 200 steps: each class has a fixed random pattern, and an image is
+// its label's pattern plus noise of the same size (random images with random labels leave nothing
+// to learn: the loss stays at ln(classes) and a comparison of curves says nothing).
+models::SwinBatch learnable_batch(const SwinConfig& c, uint64_t seed) {
+  const size_t pixels = static_cast<size_t>(c.in_channels) * c.image_size * c.image_size;
+  std::mt19937_64 pattern_rng(1234);
+  std::normal_distribution<float> normal;
+  std::vector<std::vector<float>> patterns(c.classes, std::vector<float>(pixels));
+  for (auto& pattern : patterns)
+    for (float& v : pattern) v = normal(pattern_rng);
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int64_t> label(0, c.classes - 1);
+  models::SwinBatch b;
+  for (int i = 0; i < c.batch; ++i) {
+    b.labels.push_back(label(rng));
+    for (size_t j = 0; j < pixels; ++j) b.images.push_back(patterns[b.labels.back()][j] + normal(rng));
+  }
+  return b;
+}
+
+// 200 steps from the same weights and batches: the fused step's loss, averaged over each 10-step
+// window, within 2% of the baseline's, or within the baseline's own AMP-vs-float32 spread where that
+// is larger (no dropout here: precision is the only thing that differs between the curves).
+TEST_P(SwinBaselineTest, LossCurvesTrackTheBaselineOver200Steps) {
+  FUSEKIT_REQUIRE_GPU();
+  SwinConfig c = config();
+  c.batch = 16;
+  const SwinInitialWeights weights(c, 13, c.dtype);
+  models::SwinTrainOptions options;
+  options.lr = 5e-4;
+  constexpr int kSteps = 200, kWindow = 10;
+  std::vector<std::vector<float>> losses;  // per curve, per step: printed for a window that fails
+  const auto curve = [&](auto& model) {
+    model.load_state_dict(weights.tensors());
+    std::vector<double> windows(kSteps / kWindow, 0.0);
+    losses.emplace_back();
+    for (int s = 0; s < kSteps; ++s) {
+      const float loss = model.step(learnable_batch(c, static_cast<uint64_t>(s)));
+      EXPECT_TRUE(std::isfinite(loss)) << "step " << s;
+      windows[s / kWindow] += loss / kWindow;
+      losses.back().push_back(loss);
+    }
+    return windows;
+  };
+  BaselineSwin amp(c, options, BaselinePrecision::amp), fp32(c, options, BaselinePrecision::fp32);
+  models::FusedSwin fused(c, options);
+  const std::vector<double> b = curve(amp), r = curve(fp32), f = curve(fused);
+  EXPECT_LT(b.back(), b.front() - 0.5) << "the baseline does not learn: the test says nothing";
+  for (size_t w = 0; w < f.size(); ++w) {
+    const double allowed = std::max(0.02 * b[w], std::fabs(b[w] - r[w]));
+    EXPECT_LE(std::fabs(f[w] - b[w]), allowed) << "steps " << w * kWindow << ".." << (w + 1) * kWindow - 1 << ": fused "
+                                               << f[w] << ", baseline " << b[w] << " (float32 " << r[w] << ")";
+    std::printf("window %2zu: baseline %.4f (float32 %.4f), fused %.4f\n", w, b[w], r[w], f[w]);
+    if (std::fabs(f[w] - b[w]) > allowed) {
+      for (size_t s = w * kWindow; s < (w + 1) * kWindow; ++s)
+        std::printf("  step %3zu: baseline %.4f (float32 %.4f), fused %.4f\n", s, losses[0][s], losses[1][s],
+                    losses[2][s]);
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, SwinBaselineTest, ::testing::Values(kernels::DType::f16, kernels::DType::bf16),
