@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -129,6 +130,35 @@ TEST_P(SwinBaselineTest, TrainingLowersTheLoss) {
   for (float l : losses) EXPECT_TRUE(std::isfinite(l));
   EXPECT_LT(losses.back(), losses.front());
   EXPECT_STREQ(model.variant(), "baseline");
+}
+
+// The timing path (prepare_batches, enqueue_step on the caller's stream, last_loss) computes what
+// step() does: two models from the same weights, one stepped directly, one enqueued.
+TEST_P(SwinBaselineTest, EnqueuedStepsMatchSteps) {
+  FUSEKIT_REQUIRE_GPU();
+  const SwinConfig c = config();
+  const SwinInitialWeights weights(c, 17, c.dtype);
+  const std::vector<models::SwinBatch> batches = {random_batch(c, 18), random_batch(c, 19)};
+  BaselineSwin direct(c), enqueued(c);
+  direct.load_state_dict(weights.tensors());
+  enqueued.load_state_dict(weights.tensors());
+  enqueued.prepare_batches(batches);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  EXPECT_THROW(enqueued.enqueue_step(2, stream), std::out_of_range);
+  for (int i = 0; i < 2; ++i) {
+    const float expected = direct.step(batches[i]);
+    enqueued.enqueue_step(i, stream);
+    const float loss = enqueued.last_loss();  // orders itself after the enqueued step
+    EXPECT_NEAR(loss, expected, 1e-4 * std::fabs(expected)) << "step " << i;
+  }
+  const std::vector<HostTensor> a = direct.parameters(), b = enqueued.parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double scale = std::max(models::swin_test::norm(a[i].values), 1e-6);
+    EXPECT_LE(models::swin_test::distance(a[i].values, b[i].values) / scale, 1e-3) << a[i].name;
+  }
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 // Images a model can learn from in 200 steps: each class has a fixed random pattern, and an image is
