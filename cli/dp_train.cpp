@@ -49,6 +49,7 @@ struct Options {
   double warmup_start = 0.25;
   double momentum = 0;
   double reselect = 1;
+  std::string index_form = "plain";
   int probe_steps = 5;
   int steps = 300;
   int pool = 32;
@@ -120,6 +121,7 @@ int run(const Options& o) {
   x.warmup_start = o.warmup_start;
   x.momentum = o.momentum;
   x.reselect = o.reselect;
+  x.index_form = dp::parse_index_form(o.index_form);
   x.probe_steps = o.probe_steps;
 
   models::BertTrainOptions train;
@@ -260,12 +262,13 @@ int run(const Options& o) {
       f << "{\n  \"label\": \"" << o.label << "\",\n  \"ranks\": " << P << ",\n  \"config\": \"" << config.spec()
         << "\",\n  \"exchange\": \"" << o.exchange << "\",\n  \"collective\": \"" << o.collective
         << "\",\n  \"density\": " << o.density << ",\n  \"warmup_steps\": " << o.warmup_steps
-        << ",\n  \"momentum\": " << o.momentum << ",\n  \"reselect\": " << o.reselect << ",\n  \"lr\": " << o.lr
-        << ",\n  \"lr_warmup\": " << o.lr_warmup << ",\n  \"echo\": " << (o.echo ? "true" : "false")
-        << ",\n  \"pool\": " << o.pool << ",\n  \"decision\": \"" << exchanger.decision()
-        << "\",\n  \"nccl_p2p_disable\": \"" << env_or("NCCL_P2P_DISABLE", "") << "\",\n  \"nccl_shm_disable\": \""
-        << env_or("NCCL_SHM_DISABLE", "") << "\",\n  \"gradient_elements\": " << flat.elements
-        << ",\n  \"skip\": " << o.skip;
+        << ",\n  \"momentum\": " << o.momentum << ",\n  \"reselect\": " << o.reselect << ",\n  \"index_form\": \""
+        << o.index_form << "\""
+        << ",\n  \"lr\": " << o.lr << ",\n  \"lr_warmup\": " << o.lr_warmup
+        << ",\n  \"echo\": " << (o.echo ? "true" : "false") << ",\n  \"pool\": " << o.pool << ",\n  \"decision\": \""
+        << exchanger.decision() << "\",\n  \"nccl_p2p_disable\": \"" << env_or("NCCL_P2P_DISABLE", "")
+        << "\",\n  \"nccl_shm_disable\": \"" << env_or("NCCL_SHM_DISABLE", "")
+        << "\",\n  \"gradient_elements\": " << flat.elements << ",\n  \"skip\": " << o.skip;
       std::snprintf(buf, sizeof buf,
                     ",\n  \"summary\": {\"step_ms\": %.4f, \"slowest_rank_step_ms\": %.4f, \"compute_ms\": %.4f, "
                     "\"selection_ms\": %.4f, \"communication_ms\": %.4f, \"narrow_ms\": %.4f, \"bytes_per_rank_mean\": "
@@ -321,6 +324,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--warmup-start", o.warmup_start, "The density of step 0 under warm-up")
       ->check(CLI::Range(1e-6, 1.0))
+      ->capture_default_str();
+  app.add_option("--index-form", o.index_form,
+                 "Sparse, balanced or equal: plain uint32 indices, or bucketed (16-bit offsets + counts per 2^16)")
+      ->check(CLI::IsMember({"plain", "bucketed"}))
       ->capture_default_str();
   app.add_option("--reselect", o.reselect,
                  "Sparse, balanced or equal: each slice owner keeps this fraction of its sums, the largest "

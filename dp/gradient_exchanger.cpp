@@ -127,7 +127,7 @@ GradientExchanger::GradientExchanger(Communicator& communicator, const models::F
   // The selection's capacity allows counts up to 1.25 k per tensor; no rank sends more than all.
   collective_ = std::make_unique<SparseCollective>(communicator_, layout_.elements,
                                                    std::min<uint64_t>(feedback_->capacity(), layout_.elements),
-                                                   wire_of(layout_.dtype));
+                                                   wire_of(layout_.dtype), 4096, options_.index_form);
   FUSEKIT_CUDA_CHECK(cudaMalloc(&sum_, layout_.elements * sizeof(float)));
   if (chosen_ < 0) {
     FUSEKIT_CUDA_CHECK(cudaMalloc(&probe_copy_, layout_.elements * kernels::dtype_size(layout_.dtype)));

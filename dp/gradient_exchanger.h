@@ -59,10 +59,11 @@ struct ExchangerOptions {
   SparseCollectiveKind collective = SparseCollectiveKind::balanced;
   double density = 0.01;  // (0, 1]
   int64_t warmup_steps = 0;
-  double warmup_start = 0.25;  // the density of step 0 where warmup_steps > 0
-  double momentum = 0;         // DGC's momentum correction (0: residual accumulation alone)
-  double reselect = 1;         // < 1: each slice owner keeps that fraction of its sums (balanced, equal)
-  int probe_steps = 5;         // auto: steps that time both exchanges
+  double warmup_start = 0.25;               // the density of step 0 where warmup_steps > 0
+  double momentum = 0;                      // DGC's momentum correction (0: residual accumulation alone)
+  double reselect = 1;                      // < 1: each slice owner keeps that fraction of its sums (balanced, equal)
+  IndexForm index_form = IndexForm::plain;  // how the reduce-scatter collectives send indices
+  int probe_steps = 5;                      // auto: steps that time both exchanges
 };
 
 // One exchange, measured.

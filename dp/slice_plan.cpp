@@ -77,6 +77,39 @@ uint32_t reselect_threshold(const ReselectLevel& coarse, const ReselectLevel& fi
   return (coarse.bin << kMagnitudeShift) | (fine.keep_all ? 0u : fine.bin << kFineShift);
 }
 
+uint64_t bucket_count(uint64_t length) { return (length + (uint64_t{1} << kBucketShift) - 1) >> kBucketShift; }
+
+double bucketed_bytes(uint64_t entries, uint64_t length) {
+  return 4.0 * static_cast<double>(entries) + 4.0 * static_cast<double>(bucket_count(length));
+}
+
+void bucket_encode(std::span<const uint32_t> indices, uint64_t begin, uint64_t end, std::vector<uint16_t>& low,
+                   std::vector<uint32_t>& counts) {
+  low.clear();
+  counts.assign(bucket_count(end - begin), 0);
+  for (size_t i = 0; i < indices.size(); ++i) {
+    if (indices[i] < begin || indices[i] >= end || (i > 0 && indices[i] <= indices[i - 1]))
+      throw std::invalid_argument("bucket encoding: index " + std::to_string(indices[i]) + " at position " +
+                                  std::to_string(i) + " is out of order or outside [" + std::to_string(begin) + ", " +
+                                  std::to_string(end) + ")");
+    const uint64_t local = indices[i] - begin;
+    low.push_back(static_cast<uint16_t>(local & 0xFFFFu));
+    ++counts[local >> kBucketShift];
+  }
+}
+
+std::vector<uint32_t> bucket_decode(std::span<const uint16_t> low, std::span<const uint32_t> counts, uint64_t begin) {
+  std::vector<uint32_t> indices;
+  size_t j = 0;
+  for (size_t b = 0; b < counts.size(); ++b) {
+    for (uint32_t n = 0; n < counts[b] && j < low.size(); ++n, ++j) {
+      indices.push_back(static_cast<uint32_t>(begin + (static_cast<uint64_t>(b) << kBucketShift) + low[j]));
+    }
+  }
+  if (j != low.size()) throw std::invalid_argument("bucket decoding: the counts cover fewer entries than were sent");
+  return indices;
+}
+
 double allgather_bus_bytes(double bytes, int ranks) { return bytes * (ranks - 1) / ranks; }
 double allreduce_bus_bytes(double bytes, int ranks) { return 2 * bytes * (ranks - 1) / ranks; }
 

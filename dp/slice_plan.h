@@ -85,6 +85,18 @@ ReselectLevel reselect_level(std::span<const uint64_t> histogram, uint64_t count
 // it by less than the population of one fine bin (ties aside: equal magnitudes are kept together).
 uint32_t reselect_threshold(const ReselectLevel& coarse, const ReselectLevel& fine);
 
+// The bucketed index form (kBucketShift): the buckets of a slice of `length` elements,
+// ceil(length / 2^16); the bytes of `entries` entries of such a slice in that form with 16-bit
+// values (2 for the offset, 2 for the value, 4 per bucket), against kEntryBytes each in key-value.
+uint64_t bucket_count(uint64_t length);
+double bucketed_bytes(uint64_t entries, uint64_t length);
+// The host reference of the GPU encoder and decoder: strictly increasing indices in [begin, end)
+// to their low 16 bits (of index - begin) and per-bucket counts, and back. bucket_encode throws
+// std::invalid_argument for an index outside the slice or out of order.
+void bucket_encode(std::span<const uint32_t> indices, uint64_t begin, uint64_t end, std::vector<uint16_t>& low,
+                   std::vector<uint32_t>& counts);
+std::vector<uint32_t> bucket_decode(std::span<const uint16_t> low, std::span<const uint32_t> counts, uint64_t begin);
+
 double allgather_bus_bytes(double bytes, int ranks);
 double allreduce_bus_bytes(double bytes, int ranks);
 

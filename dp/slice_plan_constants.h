@@ -13,4 +13,9 @@ constexpr int kMagnitudeShift = 20;
 // of the values whose coarse bin is the one being refined, 1/16384 of an octave each.
 constexpr int kFineShift = 9;
 
+// The bucketed index form on the wire (IndexForm::bucketed, dp/sparse_collective.h): an index in a
+// slice [begin, end) travels as the low 16 bits of index - begin, and the slice's entries are
+// counted per bucket of 2^kBucketShift elements (one uint32 per bucket).
+constexpr int kBucketShift = 16;
+
 }  // namespace fusekit::dp

@@ -50,9 +50,21 @@ struct MetadataLayout {
 
 }  // namespace
 
+const char* index_form_name(IndexForm form) { return form == IndexForm::bucketed ? "bucketed" : "plain"; }
+
+IndexForm parse_index_form(const std::string& name) {
+  if (name == "plain") return IndexForm::plain;
+  if (name == "bucketed") return IndexForm::bucketed;
+  throw std::invalid_argument("index form must be plain or bucketed, not '" + name + "'");
+}
+
 SparseCollective::SparseCollective(Communicator& communicator, uint64_t elements, uint64_t max_entries, WireValue type,
-                                   size_t bins)
-    : communicator_(communicator), elements_(elements), max_entries_(max_entries), type_(type) {
+                                   size_t bins, IndexForm index_form)
+    : communicator_(communicator),
+      elements_(elements),
+      max_entries_(max_entries),
+      type_(type),
+      index_form_(index_form) {
   if (elements == 0 || elements >= (uint64_t{1} << 32))
     throw std::invalid_argument("sparse collective: elements must be in [1, 2^32), got " + std::to_string(elements));
   if (max_entries == 0 || max_entries > elements)
@@ -78,6 +90,22 @@ SparseCollective::SparseCollective(Communicator& communicator, uint64_t elements
   FUSEKIT_CUDA_CHECK(cudaMallocHost(&host_metadata_, layout.size * sizeof(unsigned long long)));
   FUSEKIT_CUDA_CHECK(cudaMalloc(&magnitude_counts_, kMagnitudeBins * sizeof(unsigned long long)));
   FUSEKIT_CUDA_CHECK(cudaMallocHost(&host_magnitude_counts_, kMagnitudeBins * sizeof(unsigned long long)));
+  if (index_form_ == IndexForm::bucketed) {
+    max_buckets_ = bucket_count(elements);
+    const uint64_t all_buckets = max_buckets_ + ranks;  // over all slices: each may start a bucket of its own
+    const uint64_t meta = 2 * (ranks + 1) + 4;          // edges, bases; one slice's edges and base
+    FUSEKIT_CUDA_CHECK(cudaMalloc(&bucket_meta_, meta * sizeof(unsigned long long)));
+    FUSEKIT_CUDA_CHECK(cudaMallocHost(&host_bucket_meta_, meta * sizeof(unsigned long long)));
+    FUSEKIT_CUDA_CHECK(cudaMalloc(&send_low_, max_entries * sizeof(uint16_t)));
+    FUSEKIT_CUDA_CHECK(cudaMalloc(&send_counts_, all_buckets * sizeof(unsigned)));
+    FUSEKIT_CUDA_CHECK(cudaMalloc(&received_low_, received * sizeof(uint16_t)));
+    FUSEKIT_CUDA_CHECK(cudaMalloc(&received_counts_, ranks * max_buckets_ * sizeof(unsigned)));
+    FUSEKIT_CUDA_CHECK(cudaMalloc(&received_starts_, ranks * max_buckets_ * sizeof(unsigned)));
+    FUSEKIT_CUDA_CHECK(cudaMalloc(&gathered_low_, gather_capacity_ * sizeof(uint16_t)));
+    FUSEKIT_CUDA_CHECK(cudaMalloc(&gathered_counts_, all_buckets * sizeof(unsigned)));
+    FUSEKIT_CUDA_CHECK(cudaMalloc(&gathered_starts_, all_buckets * sizeof(unsigned)));
+    FUSEKIT_CUDA_CHECK(cudaMalloc(&scan_totals_, ranks * sizeof(unsigned long long)));
+  }
 }
 
 SparseCollective::~SparseCollective() {
@@ -93,6 +121,17 @@ SparseCollective::~SparseCollective() {
   cudaFreeHost(host_metadata_);
   cudaFree(magnitude_counts_);
   cudaFreeHost(host_magnitude_counts_);
+  cudaFree(bucket_meta_);  // cudaFree(nullptr) and cudaFreeHost(nullptr) do nothing
+  cudaFreeHost(host_bucket_meta_);
+  cudaFree(send_low_);
+  cudaFree(send_counts_);
+  cudaFree(received_low_);
+  cudaFree(received_counts_);
+  cudaFree(received_starts_);
+  cudaFree(gathered_low_);
+  cudaFree(gathered_counts_);
+  cudaFree(gathered_starts_);
+  cudaFree(scan_totals_);
 }
 
 void SparseCollective::check_entries(const SparseEntries& mine) const {
@@ -212,21 +251,60 @@ ExchangeStats SparseCollective::reduce_scatter_allgather(const SparseEntries& mi
   std::vector<uint64_t> receive_offsets(ranks + 1, 0);  // by source rank; none from itself
   for (int r = 0; r < ranks; ++r) receive_offsets[r + 1] = receive_offsets[r] + (r == me ? 0 : count(r, me));
 
-  // 3. Each slice's entries to its owner.
+  // 3. Each slice's entries to its owner: plain indices, or bucketed (16-bit offsets and per-bucket
+  // counts of the destination slice, decoded back into received_indices_ after the exchange).
+  const bool bucketed = index_form_ == IndexForm::bucketed;
+  std::vector<uint64_t> buckets(ranks), bucket_base(ranks + 1, 0);
+  for (int r = 0; r < ranks; ++r) {
+    buckets[r] = bucket_count(edges_[r + 1] - edges_[r]);
+    bucket_base[r + 1] = bucket_base[r] + buckets[r];
+  }
+  if (bucketed) {
+    for (int r = 0; r <= ranks; ++r) {
+      host_bucket_meta_[r] = edges_[r];
+      host_bucket_meta_[ranks + 1 + r] = bucket_base[r];
+    }
+    FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(bucket_meta_, host_bucket_meta_, 2 * (ranks + 1) * sizeof *host_bucket_meta_,
+                                       cudaMemcpyHostToDevice, stream));
+    FUSEKIT_CUDA_CHECK(cudaMemsetAsync(send_counts_, 0, bucket_base[ranks] * sizeof(unsigned), stream));
+    detail::bucket_encode(mine.indices, mine.count, bucket_meta_, bucket_meta_ + ranks + 1, ranks, send_low_,
+                          send_counts_, stream);
+  }
   FUSEKIT_NCCL_CHECK(ncclGroupStart());
   for (int r = 0; r < ranks; ++r) {
     if (r == me) continue;
     if (count(me, r) > 0) {
-      FUSEKIT_NCCL_CHECK(ncclSend(mine.indices + send_offsets[r], count(me, r), ncclUint32, r, comm, stream));
+      if (bucketed) {
+        FUSEKIT_NCCL_CHECK(ncclSend(send_low_ + send_offsets[r], count(me, r), ncclFloat16, r, comm, stream));
+        FUSEKIT_NCCL_CHECK(ncclSend(send_counts_ + bucket_base[r], buckets[r], ncclUint32, r, comm, stream));
+        stats.reduce_scatter_bytes += bucketed_bytes(count(me, r), edges_[r + 1] - edges_[r]);
+      } else {
+        FUSEKIT_NCCL_CHECK(ncclSend(mine.indices + send_offsets[r], count(me, r), ncclUint32, r, comm, stream));
+        stats.reduce_scatter_bytes += static_cast<double>(kEntryBytes * count(me, r));
+      }
       FUSEKIT_NCCL_CHECK(ncclSend(mine.values + send_offsets[r], count(me, r), ncclFloat16, r, comm, stream));
-      stats.reduce_scatter_bytes += static_cast<double>(kEntryBytes * count(me, r));
     }
     if (count(r, me) > 0) {
-      FUSEKIT_NCCL_CHECK(ncclRecv(received_indices_ + receive_offsets[r], count(r, me), ncclUint32, r, comm, stream));
+      if (bucketed) {
+        FUSEKIT_NCCL_CHECK(ncclRecv(received_low_ + receive_offsets[r], count(r, me), ncclFloat16, r, comm, stream));
+        FUSEKIT_NCCL_CHECK(ncclRecv(received_counts_ + r * max_buckets_, buckets[me], ncclUint32, r, comm, stream));
+      } else {
+        FUSEKIT_NCCL_CHECK(ncclRecv(received_indices_ + receive_offsets[r], count(r, me), ncclUint32, r, comm, stream));
+      }
       FUSEKIT_NCCL_CHECK(ncclRecv(received_values_ + receive_offsets[r], count(r, me), ncclFloat16, r, comm, stream));
     }
   }
   FUSEKIT_NCCL_CHECK(ncclGroupEnd());
+  if (bucketed) {
+    for (int s = 0; s < ranks; ++s) {
+      if (s == me || count(s, me) == 0) continue;
+      const int slice_buckets = static_cast<int>(buckets[me]);
+      detail::bucket_scan(received_counts_ + s * max_buckets_, slice_buckets, received_starts_ + s * max_buckets_,
+                          scan_totals_ + s, stream);
+      detail::bucket_decode(received_low_ + receive_offsets[s], count(s, me), received_starts_ + s * max_buckets_,
+                            slice_buckets, edges_[me], received_indices_ + receive_offsets[s], stream);
+    }
+  }
 
   // 4. The owner's sums, source rank by source rank, rounded to the wire; their nonzero count.
   const uint64_t begin = edges_[me], end = edges_[me + 1];
@@ -276,6 +354,20 @@ ExchangeStats SparseCollective::reduce_scatter_allgather(const SparseEntries& mi
   if (!dense[me] && nonzero[me] > 0) {
     detail::compact_slice(stage_, begin, end, tile_offsets_, gathered_indices_ + gather_offsets[me],
                           gathered_values_ + gather_offsets[me], stream);
+    if (bucketed) {  // this slice alone: its edges and a base of 0 after the ranks' edges and bases
+      unsigned long long* one = host_bucket_meta_ + 2 * (ranks + 1);
+      one[0] = begin;
+      one[1] = end;
+      one[2] = 0;
+      one[3] = 0;
+      FUSEKIT_CUDA_CHECK(
+          cudaMemcpyAsync(bucket_meta_ + 2 * (ranks + 1), one, 4 * sizeof *one, cudaMemcpyHostToDevice, stream));
+      FUSEKIT_CUDA_CHECK(
+          cudaMemsetAsync(gathered_counts_ + bucket_base[me], 0, buckets[me] * sizeof(unsigned), stream));
+      detail::bucket_encode(gathered_indices_ + gather_offsets[me], nonzero[me], bucket_meta_ + 2 * (ranks + 1),
+                            bucket_meta_ + 2 * (ranks + 1) + 2, 1, gathered_low_ + gather_offsets[me],
+                            gathered_counts_ + bucket_base[me], stream);
+    }
   }
   FUSEKIT_NCCL_CHECK(ncclGroupStart());
   for (int r = 0; r < ranks; ++r) {
@@ -283,13 +375,30 @@ ExchangeStats SparseCollective::reduce_scatter_allgather(const SparseEntries& mi
     if (dense[r] && length > 0) {
       FUSEKIT_NCCL_CHECK(ncclBroadcast(stage_ + edges_[r], stage_ + edges_[r], length, ncclFloat16, r, comm, stream));
     } else if (!dense[r] && nonzero[r] > 0) {
-      FUSEKIT_NCCL_CHECK(ncclBroadcast(gathered_indices_ + gather_offsets[r], gathered_indices_ + gather_offsets[r],
-                                       nonzero[r], ncclUint32, r, comm, stream));
+      if (bucketed) {
+        FUSEKIT_NCCL_CHECK(ncclBroadcast(gathered_low_ + gather_offsets[r], gathered_low_ + gather_offsets[r],
+                                         nonzero[r], ncclFloat16, r, comm, stream));
+        FUSEKIT_NCCL_CHECK(ncclBroadcast(gathered_counts_ + bucket_base[r], gathered_counts_ + bucket_base[r],
+                                         buckets[r], ncclUint32, r, comm, stream));
+      } else {
+        FUSEKIT_NCCL_CHECK(ncclBroadcast(gathered_indices_ + gather_offsets[r], gathered_indices_ + gather_offsets[r],
+                                         nonzero[r], ncclUint32, r, comm, stream));
+      }
       FUSEKIT_NCCL_CHECK(ncclBroadcast(gathered_values_ + gather_offsets[r], gathered_values_ + gather_offsets[r],
                                        nonzero[r], ncclFloat16, r, comm, stream));
     }
   }
   FUSEKIT_NCCL_CHECK(ncclGroupEnd());
+  if (bucketed) {
+    for (int r = 0; r < ranks; ++r) {
+      if (r == me || dense[r] || nonzero[r] == 0) continue;
+      const int slice_buckets = static_cast<int>(buckets[r]);
+      detail::bucket_scan(gathered_counts_ + bucket_base[r], slice_buckets, gathered_starts_ + bucket_base[r],
+                          scan_totals_ + r, stream);
+      detail::bucket_decode(gathered_low_ + gather_offsets[r], nonzero[r], gathered_starts_ + bucket_base[r],
+                            slice_buckets, edges_[r], gathered_indices_ + gather_offsets[r], stream);
+    }
+  }
   for (int r = 0; r < ranks; ++r) {
     if (r == me) continue;  // the owner's slice is in out already
     if (dense[r]) {
@@ -300,7 +409,17 @@ ExchangeStats SparseCollective::reduce_scatter_allgather(const SparseEntries& mi
     }
   }
 
-  stats.gather_bytes = allgather_bus_bytes(gather.bytes, ranks);
+  double gather_bytes = gather.bytes;
+  if (bucketed) {  // the entry slices in the bucketed form (the choice of form stays the 6-byte one)
+    gather_bytes = 0;
+    for (int r = 0; r < ranks; ++r) {
+      const uint64_t length = edges_[r + 1] - edges_[r];
+      gather_bytes += dense[r]         ? 2.0 * static_cast<double>(length)
+                      : nonzero[r] > 0 ? bucketed_bytes(nonzero[r], length)
+                                       : 0.0;
+    }
+  }
+  stats.gather_bytes = allgather_bus_bytes(gather_bytes, ranks);
   stats.dense_slices = gather.dense_slices;
   stats.result_entries = gather.entries;
   stats.bytes_sent = stats.metadata_bytes + stats.reduce_scatter_bytes + stats.gather_bytes;

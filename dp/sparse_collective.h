@@ -41,6 +41,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "dp/communicator.h"
@@ -49,6 +50,13 @@
 #include "kernels/dtype.h"
 
 namespace fusekit::dp {
+
+// How indices travel in reduce_scatter_allgather: plain uint32 (4 bytes an entry), or bucketed
+// (dp/slice_plan.h: 16-bit offsets in the destination slice plus a uint32 count per 2^16 elements
+// of it, about 2 bytes an entry). Both give the same result; bucketed sends fewer bytes.
+enum class IndexForm { plain, bucketed };
+const char* index_form_name(IndexForm form);          // "plain", "bucketed"
+IndexForm parse_index_form(const std::string& name);  // std::invalid_argument otherwise
 
 struct SparseEntries {
   const uint32_t* indices = nullptr;  // device, strictly increasing, < elements
@@ -73,7 +81,7 @@ class SparseCollective {
   // Workspace for buffers of `elements` (< 2^32) and up to `max_entries` entries per rank; `bins`
   // histogram bins for the partition (at most `elements` are used).
   SparseCollective(Communicator& communicator, uint64_t elements, uint64_t max_entries, WireValue type,
-                   size_t bins = 4096);
+                   size_t bins = 4096, IndexForm index_form = IndexForm::plain);
   ~SparseCollective();
   SparseCollective(const SparseCollective&) = delete;
   SparseCollective& operator=(const SparseCollective&) = delete;
@@ -86,6 +94,7 @@ class SparseCollective {
                                          SlicePartition partition = SlicePartition::balanced, double keep = 1.0);
 
   uint64_t elements() const { return elements_; }
+  IndexForm index_form() const { return index_form_; }
   WireValue wire() const { return type_; }
   // The slice edges in elements of the last reduce_scatter_allgather (P + 1 of them).
   const std::vector<uint64_t>& slice_edges() const { return edges_; }
@@ -111,6 +120,21 @@ class SparseCollective {
   unsigned long long* metadata_ = nullptr;  // histogram (bins + 1), loads (bins + 1), counts
   // host, pinned
   unsigned long long* host_metadata_ = nullptr;
+  // The bucketed index form: edges and bucket bases (device and pinned), what is sent, received
+  // and gathered in it.
+  IndexForm index_form_ = IndexForm::plain;
+  uint64_t max_buckets_ = 0;  // bucket_count(elements): of any one slice
+  unsigned long long* bucket_meta_ = nullptr;
+  unsigned long long* host_bucket_meta_ = nullptr;
+  uint16_t* send_low_ = nullptr;
+  unsigned* send_counts_ = nullptr;
+  uint16_t* received_low_ = nullptr;
+  unsigned* received_counts_ = nullptr;  // per source rank, max_buckets_ each
+  unsigned* received_starts_ = nullptr;
+  uint16_t* gathered_low_ = nullptr;
+  unsigned* gathered_counts_ = nullptr;
+  unsigned* gathered_starts_ = nullptr;
+  unsigned long long* scan_totals_ = nullptr;            // scratch, per rank
   unsigned long long* magnitude_counts_ = nullptr;       // device, kMagnitudeBins: re-selection
   unsigned long long* host_magnitude_counts_ = nullptr;  // pinned
 };

@@ -5,9 +5,10 @@
 #   bash scripts/dp-train.sh RANKS TRANSPORT STEPS RUN...
 #     TRANSPORT  nvlink (NCCL's default: NVLink/P2P and shared memory inside the host) or socket
 #                (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1: the network path, as between hosts)
-#     RUN        dense | sparse:<density>[:<collective>[:<keep>]] | auto:<density> | ddp:<hook> (the
-#                PyTorch peer scripts/peers/dp_bert_ddp.py: none, fp16 or powersgd); keep < 1
-#                re-selects each slice's largest sums (fusekit-dp --reselect), e.g. sparse:0.01:balanced:0.25
+#     RUN        dense | sparse:<density>[:<collective>[:<keep>[:<index form>]]] | auto:<density> |
+#                ddp:<hook> (the PyTorch peer scripts/peers/dp_bert_ddp.py: none, fp16 or powersgd);
+#                keep < 1 re-selects each slice's largest sums (fusekit-dp --reselect), index form
+#                plain or bucketed (--index-form), e.g. sparse:0.01:balanced:0.25:bucketed
 # Environment: OUT (default out/dp-train), FUSEKIT_DP_ARGS (more fusekit-dp options, e.g.
 # "--model bert-tiny --batch 8"), FUSEKIT_DP_TIMEOUT (seconds a run, default 300), BUILD_DIR.
 # Exit code: 0 when every run exited 0.
@@ -50,14 +51,14 @@ fi
 
 failed=0
 for spec in "$@"; do
-  IFS=: read -r kind a b c <<<"$spec"
+  IFS=: read -r kind a b c d <<<"$spec"
   name="$transport-$ranks-${spec//:/-}"
   json="$OUT/$name.json"
   args=(--steps "$steps" --json "$json" --label "$name")
   case "$kind" in
     dense) program=("$BUILD_DIR/fusekit-dp" --exchange dense) ;;
     sparse) program=("$BUILD_DIR/fusekit-dp" --exchange sparse --density "$a" --collective "${b:-balanced}"
-      --reselect "${c:-1}") ;;
+      --reselect "${c:-1}" --index-form "${d:-plain}") ;;
     auto) program=("$BUILD_DIR/fusekit-dp" --exchange auto --density "$a" --collective "${b:-balanced}") ;;
     ddp) program=(scripts/peers/dp_bert_ddp.py --hook "$a") ;;
     *) echo "dp-train: unknown run '$spec'" >&2; failed=1; continue ;;

@@ -47,6 +47,8 @@ def name(record):
         text = f"sparse {record.get('density'):g} {record.get('collective', '')}".strip()
         if record.get("reselect", 1) < 1:
             text += f", keep {record['reselect']:g}"
+        if record.get("index_form", "plain") != "plain":
+            text += f", {record['index_form']} indices"
         if record.get("momentum", 0) > 0:
             text += f", momentum {record['momentum']:g}"
         return text

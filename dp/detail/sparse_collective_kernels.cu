@@ -14,7 +14,9 @@
 //                          into out, nonzero words counted per tile, then one block scans the
 //                          tiles' counts;
 //   compact                each tile writes its nonzero words in index order (a block-wide scan);
-//   widen / scatter        the other ranks' slices into out.
+//   widen / scatter        the other ranks' slices into out;
+//   bucket encode / decode the bucketed index form: a thread per entry, a binary search for its
+//                          slice (encode) or its bucket among the scanned counts (decode).
 #include "dp/detail/sparse_collective_kernels.h"
 
 #include <algorithm>
@@ -165,6 +167,48 @@ __global__ void __launch_bounds__(kThreads)
     if (local[b] != 0) atomicAdd(&counts[b], static_cast<unsigned long long>(local[b]));
 }
 
+// A thread per entry: its slice (the last r with edges[r] <= index), the low bits of its offset in
+// the slice, and its bucket's count.
+__global__ void __launch_bounds__(kThreads)
+    bucket_encode_kernel(const uint32_t* __restrict__ indices, uint64_t count,
+                         const unsigned long long* __restrict__ edges,
+                         const unsigned long long* __restrict__ bucket_base, int slices, uint16_t* __restrict__ low,
+                         unsigned* __restrict__ counts) {
+  for (uint64_t e = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < count;
+       e += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    const unsigned long long index = indices[e];
+    int lo = 0, hi = slices - 1;  // the last slice whose first element is <= index
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (edges[mid] <= index)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const unsigned long long local = index - edges[lo];
+    low[e] = static_cast<uint16_t>(local & 0xFFFFu);
+    atomicAdd(&counts[bucket_base[lo] + (local >> kBucketShift)], 1u);
+  }
+}
+
+// A thread per entry: the bucket holding entry j (the last with starts[b] <= j), then its index.
+__global__ void __launch_bounds__(kThreads)
+    bucket_decode_kernel(const uint16_t* __restrict__ low, uint64_t count, const unsigned* __restrict__ starts,
+                         int buckets, uint64_t begin, uint32_t* __restrict__ indices) {
+  for (uint64_t j = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < count;
+       j += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    int lo = 0, hi = buckets - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (starts[mid] <= j)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    indices[j] = static_cast<uint32_t>(begin + (static_cast<uint64_t>(lo) << kBucketShift) + low[j]);
+  }
+}
+
 // One block: the exclusive scan of the tiles' counts, and their sum into *total.
 __global__ void __launch_bounds__(kScanThreads)
     scan_tiles_kernel(const unsigned* __restrict__ tile_counts, int tiles, unsigned* __restrict__ tile_offsets,
@@ -272,6 +316,33 @@ void magnitude_histogram(const float* out, uint64_t begin, uint64_t end, int coa
   if (end <= begin) return;
   const unsigned blocks = static_cast<unsigned>(std::min<uint64_t>(blocks_for(end - begin, kThreads * 16), 1024));
   magnitude_histogram_kernel<<<blocks, kThreads, 0, stream>>>(out, begin, end, coarse_bin, counts);
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void bucket_encode(const uint32_t* indices, uint64_t count, const unsigned long long* edges,
+                   const unsigned long long* bucket_base, int slices, uint16_t* low, unsigned* counts,
+                   cudaStream_t stream) {
+  if (count == 0 || slices < 1) return;
+  bucket_encode_kernel<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(indices, count, edges, bucket_base, slices,
+                                                                             low, counts);
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void bucket_scan(const unsigned* counts, int buckets, unsigned* starts, unsigned long long* total,
+                 cudaStream_t stream) {
+  if (buckets < 1) {
+    FUSEKIT_CUDA_CHECK(cudaMemsetAsync(total, 0, sizeof *total, stream));
+    return;
+  }
+  scan_tiles_kernel<<<1, kScanThreads, 0, stream>>>(counts, buckets, starts, total);
+  FUSEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void bucket_decode(const uint16_t* low, uint64_t count, const unsigned* starts, int buckets, uint64_t begin,
+                   uint32_t* indices, cudaStream_t stream) {
+  if (count == 0 || buckets < 1) return;
+  bucket_decode_kernel<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(low, count, starts, buckets, begin,
+                                                                             indices);
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -51,4 +51,19 @@ void round_slice(float* out, uint16_t* stage, uint64_t begin, uint64_t end, kern
 void compact_slice(const uint16_t* stage, uint64_t begin, uint64_t end, const unsigned* tile_offsets,
                    uint32_t* out_indices, uint16_t* out_values, cudaStream_t stream);
 
+// The bucketed index form (dp/slice_plan.h's bucket_encode and bucket_decode, on the device).
+// Entries [0, count) have strictly increasing indices, each in one of `slices` slices with element
+// edges edges[0 .. slices] (device): low[e] = (index - edges[r]) & 0xFFFF, and
+// counts[bucket_base[r] + ((index - edges[r]) >> kBucketShift)] += 1 (counts zeroed by the caller;
+// bucket_base (device, slices + 1) the first bucket of each slice).
+void bucket_encode(const uint32_t* indices, uint64_t count, const unsigned long long* edges,
+                   const unsigned long long* bucket_base, int slices, uint16_t* low, unsigned* counts,
+                   cudaStream_t stream);
+// starts[b] = counts[0] + ... + counts[b - 1] for b < buckets; *total = their sum.
+void bucket_scan(const unsigned* counts, int buckets, unsigned* starts, unsigned long long* total, cudaStream_t stream);
+// indices[j] = begin + (b << kBucketShift) + low[j] for j < count, b the last bucket with
+// starts[b] <= j (the one holding entry j; empty buckets share their start with the next).
+void bucket_decode(const uint16_t* low, uint64_t count, const unsigned* starts, int buckets, uint64_t begin,
+                   uint32_t* indices, cudaStream_t stream);
+
 }  // namespace fusekit::dp::detail

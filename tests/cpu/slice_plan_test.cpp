@@ -238,6 +238,34 @@ TEST(Reselect, LevelsAndThresholdOnAHandMadeHistogram) {
   EXPECT_THROW(reselect_level(std::vector<uint64_t>(10, 0), 1), std::invalid_argument);
 }
 
+TEST(Buckets, RoundTripAndBytes) {
+  EXPECT_EQ(bucket_count(0), 0u);
+  EXPECT_EQ(bucket_count(1), 1u);
+  EXPECT_EQ(bucket_count(65536), 1u);
+  EXPECT_EQ(bucket_count(65537), 2u);
+  EXPECT_EQ(bucketed_bytes(10, 65537), 48.0);
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    const uint64_t begin = rng() % 1000000, length = 1 + rng() % 700000;
+    std::set<uint32_t> chosen;
+    const size_t k = rng() % 3 == 0 ? 0 : rng() % std::min<uint64_t>(length, 5000);
+    while (chosen.size() < k) chosen.insert(static_cast<uint32_t>(begin + rng() % length));
+    if (trial % 5 == 0 && length > 2) chosen.insert(static_cast<uint32_t>(begin + length - 1));  // the last element
+    const std::vector<uint32_t> indices(chosen.begin(), chosen.end());
+    std::vector<uint16_t> low;
+    std::vector<uint32_t> counts;
+    bucket_encode(indices, begin, begin + length, low, counts);
+    ASSERT_EQ(low.size(), indices.size());
+    ASSERT_EQ(counts.size(), bucket_count(length));
+    ASSERT_EQ(bucket_decode(low, counts, begin), indices) << "trial " << trial;
+  }
+  std::vector<uint16_t> low;
+  std::vector<uint32_t> counts;
+  EXPECT_THROW(bucket_encode(std::vector<uint32_t>{5, 5}, 0, 10, low, counts), std::invalid_argument);
+  EXPECT_THROW(bucket_encode(std::vector<uint32_t>{10}, 0, 10, low, counts), std::invalid_argument);
+  EXPECT_THROW(bucket_decode(std::vector<uint16_t>{1, 2}, std::vector<uint32_t>{1}, 0), std::invalid_argument);
+}
+
 TEST(BusBytes, NcclTestsDefinitions) {
   EXPECT_EQ(allgather_bus_bytes(1200, 4), 900);
   EXPECT_EQ(allreduce_bus_bytes(1200, 4), 1800);
