@@ -99,14 +99,18 @@ void bucket_encode(std::span<const uint32_t> indices, uint64_t begin, uint64_t e
 }
 
 std::vector<uint32_t> bucket_decode(std::span<const uint16_t> low, std::span<const uint32_t> counts, uint64_t begin) {
+  uint64_t total = 0;
+  for (uint32_t c : counts) total += c;
+  if (total != low.size())
+    throw std::invalid_argument("bucket decoding: the counts cover " + std::to_string(total) + " entries, " +
+                                std::to_string(low.size()) + " were sent");
   std::vector<uint32_t> indices;
   size_t j = 0;
   for (size_t b = 0; b < counts.size(); ++b) {
-    for (uint32_t n = 0; n < counts[b] && j < low.size(); ++n, ++j) {
+    for (uint32_t n = 0; n < counts[b]; ++n, ++j) {
       indices.push_back(static_cast<uint32_t>(begin + (static_cast<uint64_t>(b) << kBucketShift) + low[j]));
     }
   }
-  if (j != low.size()) throw std::invalid_argument("bucket decoding: the counts cover fewer entries than were sent");
   return indices;
 }
 

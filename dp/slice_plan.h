@@ -92,7 +92,8 @@ uint64_t bucket_count(uint64_t length);
 double bucketed_bytes(uint64_t entries, uint64_t length);
 // The host reference of the GPU encoder and decoder: strictly increasing indices in [begin, end)
 // to their low 16 bits (of index - begin) and per-bucket counts, and back. bucket_encode throws
-// std::invalid_argument for an index outside the slice or out of order.
+// std::invalid_argument for an index outside the slice or out of order, bucket_decode for counts
+// that do not add up to the entries sent.
 void bucket_encode(std::span<const uint32_t> indices, uint64_t begin, uint64_t end, std::vector<uint16_t>& low,
                    std::vector<uint32_t>& counts);
 std::vector<uint32_t> bucket_decode(std::span<const uint16_t> low, std::span<const uint32_t> counts, uint64_t begin);

@@ -264,6 +264,7 @@ TEST(Buckets, RoundTripAndBytes) {
   EXPECT_THROW(bucket_encode(std::vector<uint32_t>{5, 5}, 0, 10, low, counts), std::invalid_argument);
   EXPECT_THROW(bucket_encode(std::vector<uint32_t>{10}, 0, 10, low, counts), std::invalid_argument);
   EXPECT_THROW(bucket_decode(std::vector<uint16_t>{1, 2}, std::vector<uint32_t>{1}, 0), std::invalid_argument);
+  EXPECT_THROW(bucket_decode(std::vector<uint16_t>{1}, std::vector<uint32_t>{1, 1}, 0), std::invalid_argument);
 }
 
 TEST(BusBytes, NcclTestsDefinitions) {
