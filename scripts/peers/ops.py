@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from ops.cases import read_cases, result_line  # noqa: E402 (after the path is set)
+from ops.cases import gpu_conditions, read_cases, result_line  # noqa: E402 (after the path is set)
 
 
 MAX_SAMPLE_BATCH = 1000  # suites/runner.h kMaxSampleBatch
@@ -130,6 +130,9 @@ def main() -> int:
         if hasattr(torch._dynamo.config, limit):
             setattr(torch._dynamo.config, limit, 4096)
 
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    bus_id = (f"{getattr(props, 'pci_domain_id', 0):08X}:{getattr(props, 'pci_bus_id', 0):02X}:"
+              f"{getattr(props, 'pci_device_id', 0):02X}.0")
     results = None if args.traced_only else open(args.results, "w", encoding="utf-8")
     try:
         for i, listed_case in enumerate(listed):
@@ -143,10 +146,14 @@ def main() -> int:
                 step = case.make_step(fn, variant) if case.extra_variants else case.make_step(fn)
                 label = f"{case.name} [peer:{variant}]"
                 print(f"[{i + 1}/{len(listed)}] {label}", file=sys.stderr, flush=True)
+                start = gpu_conditions(bus_id, "start") if results is not None else {}
                 with torch.enable_grad() if case.backward else torch.no_grad():
                     samples = time_case(step, case.sets, args.warmup, args.warmup_ms, args.reps, args.sample_us,
                                         label, rep_ranges=args.traced_only)
-                metrics = case.metrics() if case.metrics else None
+                metrics = dict(case.metrics()) if case.metrics else {}
+                if results is not None:  # the conditions around the timed samples, as the runner's
+                    metrics.update(start)
+                    metrics.update(gpu_conditions(bus_id, "end"))
                 if results is not None:
                     results.write(result_line(case.name, f"peer:{variant}", samples, metrics))
                     results.flush()

@@ -14,7 +14,7 @@ import tempfile
 
 fusekit, peers_dir = sys.argv[1], sys.argv[2]
 sys.path.insert(0, peers_dir)
-from ops.cases import parse_cases, read_cases, result_line  # noqa: E402 (after the path is set)
+from ops.cases import parse_cases, parse_gpu_conditions, read_cases, result_line  # noqa: E402
 
 failures = []
 
@@ -67,6 +67,18 @@ check(json.loads(line) == {"name": "layernorm/8192x768/fp16/fwd", "variant": "pe
 scripts = [os.path.join(peers_dir, "ops.py")] + [os.path.join(peers_dir, "ops", f)
                                                 for f in sorted(os.listdir(os.path.join(peers_dir, "ops")))
                                                 if f.endswith(".py")]
+# The GPU conditions around a peer's samples, from nvidia-smi's CSV, under the runner's metric names.
+conditions = parse_gpu_conditions("1980, 2619, 41, 312.45, 0x0000000000000004\n", "start")
+check(conditions == {"gpu.sm_clock_mhz.start": 1980.0, "gpu.memory_clock_mhz.start": 2619.0,
+                     "gpu.temperature_c.start": 41.0, "gpu.power_w.start": 312.45,
+                     "gpu.clocks_event_reasons.start": 4.0}, f"gpu conditions parsed as {conditions}")
+for bad in ("", "1980, 2619, 41", "1980, 2619, 41, [N/A], 0x0"):
+    check(parse_gpu_conditions(bad, "end") == {}, f"gpu conditions from {bad!r} are not empty")
+with open(os.path.join(peers_dir, "..", "..", "profiler", "gpu_conditions.cpp"), encoding="utf-8") as f:
+    runner_names = set(re.findall(r'"gpu\.([a-z_]+)\." \+ point', f.read()))
+check(runner_names >= {name.split(".")[1] for name in conditions},
+      f"the peers' condition names {sorted(conditions)} are not the runner's ({sorted(runner_names)})")
+
 for script in scripts:
     py_compile.compile(script, cfile=os.path.join(tempfile.gettempdir(), "peers_script_test.pyc"), doraise=True)
     text = open(script, encoding="utf-8").read()

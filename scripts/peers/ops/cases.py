@@ -2,6 +2,7 @@
 fusekit hands over (`fusekit cases`, a JSON array of objects), and the result lines handed back, one
 JSON object per case and variant, which fusekit checks and writes into its store."""
 import json
+import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -53,3 +54,37 @@ def result_line(name: str, variant: str, samples_ns: list, metrics: dict = None)
     if metrics:
         result["metrics"] = {key: float(value) for key, value in metrics.items()}
     return json.dumps(result) + "\n"
+
+
+# The GPU conditions a case was timed under, as fusekit's runner records them for its own variants
+# (profiler/gpu_conditions.h: case metrics "gpu.<name>.<start|end>"), read here through nvidia-smi
+# (NVML underneath) so that the gate compares the peers' conditions too.
+SMI_FIELDS = ("clocks.sm", "clocks.mem", "temperature.gpu", "power.draw", "clocks_event_reasons.active")
+SMI_FIELDS_OLD = SMI_FIELDS[:4] + ("clocks_throttle_reasons.active",)  # drivers before 535
+CONDITION_NAMES = ("sm_clock_mhz", "memory_clock_mhz", "temperature_c", "power_w", "clocks_event_reasons")
+
+
+def parse_gpu_conditions(line: str, point: str) -> dict:
+    """One line of `nvidia-smi --query-gpu=<SMI_FIELDS> --format=csv,noheader,nounits` as the metrics
+    {"gpu.<name>.<point>": value}; {} where it does not parse (a field [N/A], another layout)."""
+    parts = [p.strip() for p in line.strip().split(",")]
+    if len(parts) != len(CONDITION_NAMES):
+        return {}
+    try:
+        values = [float(p) for p in parts[:4]] + [float(int(parts[4], 16))]
+    except ValueError:
+        return {}
+    return {f"gpu.{name}.{point}": value for name, value in zip(CONDITION_NAMES, values)}
+
+
+def gpu_conditions(pci_bus_id: str, point: str) -> dict:
+    """The conditions of the GPU at `pci_bus_id` ("00000000:1B:00.0") now; {} without nvidia-smi."""
+    for fields in (SMI_FIELDS, SMI_FIELDS_OLD):
+        try:
+            out = subprocess.run(["nvidia-smi", f"--id={pci_bus_id}", "--query-gpu=" + ",".join(fields),
+                                  "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return {}
+        if out.returncode == 0 and out.stdout.strip():
+            return parse_gpu_conditions(out.stdout.splitlines()[0], point)
+    return {}
