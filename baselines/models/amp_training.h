@@ -126,9 +126,11 @@ class AmpAdamW {
   // <prefix>.backward / <prefix>.optimizer: optimizer.zero_grad(set_to_none=True); under autocast
   // to `dtype` where `autocast`, loss = forward(); scaler.scale(loss).backward() (forward_backward
   // stops here and returns the loss, detached); scaler.unscale_(optimizer); scaler.step(optimizer).
+  // Without autocast the forward and backward run in a Float32Region.
   template <class Forward>
   at::Tensor forward_backward(const std::string& prefix, bool autocast, at::ScalarType dtype, Forward&& forward) {
     zero_grad();
+    const Float32Region float32(!autocast);  // without autocast, float32 throughout: no TF32, backward too
     at::Tensor loss;
     {
       profiler::ScopedRange range(prefix + ".forward");

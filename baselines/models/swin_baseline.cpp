@@ -314,14 +314,12 @@ BaselineSwin::DeviceBatch BaselineSwin::to_device(const models::SwinBatch& batch
 }
 
 at::Tensor BaselineSwin::forward_backward_scaled(const DeviceBatch& batch) {
-  const Float32Region float32(precision_ == BaselinePrecision::fp32);  // the convolution too, both ways
   return trainer_->forward_backward("swin", precision_ == BaselinePrecision::amp, autocast_dtype(config_.dtype), [&] {
     return model_->forward(batch.images, batch.labels, options_.label_smoothing);
   });
 }
 
 at::Tensor BaselineSwin::train_step(const DeviceBatch& batch) {
-  const Float32Region float32(precision_ == BaselinePrecision::fp32);
   return trainer_->train_step("swin", precision_ == BaselinePrecision::amp, autocast_dtype(config_.dtype),
                               [&] { return model_->forward(batch.images, batch.labels, options_.label_smoothing); });
 }
