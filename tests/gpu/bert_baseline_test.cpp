@@ -27,6 +27,7 @@
 
 #include "baselines/models/bert_baseline.h"
 #include "gpu_test_support.h"
+#include "test_stream.h"
 #include "models/bert_checkpoint.h"
 #include "models/bert_parameters.h"
 #include "models/mlm_data.h"
@@ -116,13 +117,6 @@ using test_support::run_command;
 class TempDir : public test_support::TempDir {
  public:
   TempDir() : test_support::TempDir("fusekit_bert_baseline_") {}
-};
-
-// A stream of its own, destroyed after the models declared after it (their destructors wait for it).
-struct NonBlockingStream {
-  NonBlockingStream() { EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess); }
-  ~NonBlockingStream() { cudaStreamDestroy(stream); }
-  cudaStream_t stream = nullptr;
 };
 
 TEST(BertBaselineTest, RejectsAnFp32Config) {
@@ -303,7 +297,7 @@ TEST(BertBaselineTest, StepsEnqueuedOnAStreamMatchStep) {
                                                  models::make_mlm_batch(data_options(config), 1)};
   models::BertTrainOptions options;
   options.lr = 1e-3;
-  const NonBlockingStream stream;
+  const test_support::NonBlockingStream stream;
   BaselineBert stepped(config, options);
   BaselineBert enqueued(config, options);
   stepped.load_state_dict(weights.views());

@@ -20,6 +20,7 @@
 
 #include "baselines/models/swin_baseline.h"
 #include "gpu_test_support.h"
+#include "test_stream.h"
 #include "models/safetensors.h"
 #include "models/swin_fused.h"
 #include "models/swin_init.h"
@@ -139,16 +140,15 @@ TEST_P(SwinBaselineTest, EnqueuedStepsMatchSteps) {
   const SwinConfig c = config();
   const SwinInitialWeights weights(c, 17, c.dtype);
   const std::vector<models::SwinBatch> batches = {random_batch(c, 18), random_batch(c, 19)};
+  const test_support::NonBlockingStream stream;  // before the models: it outlives their last steps
   BaselineSwin direct(c), enqueued(c);
   direct.load_state_dict(weights.tensors());
   enqueued.load_state_dict(weights.tensors());
   enqueued.prepare_batches(batches);
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  EXPECT_THROW(enqueued.enqueue_step(2, stream), std::out_of_range);
+  EXPECT_THROW(enqueued.enqueue_step(2, stream.stream), std::out_of_range);
   for (int i = 0; i < 2; ++i) {
     const float expected = direct.step(batches[i]);
-    enqueued.enqueue_step(i, stream);
+    enqueued.enqueue_step(i, stream.stream);
     const float loss = enqueued.last_loss();  // orders itself after the enqueued step
     EXPECT_NEAR(loss, expected, 1e-4 * std::fabs(expected)) << "step " << i;
   }
@@ -158,7 +158,6 @@ TEST_P(SwinBaselineTest, EnqueuedStepsMatchSteps) {
     const double scale = std::max(models::swin_test::norm(a[i].values), 1e-6);
     EXPECT_LE(models::swin_test::distance(a[i].values, b[i].values) / scale, 1e-3) << a[i].name;
   }
-  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 // Images a model can learn from in 200 steps: each class has a fixed random pattern, and an image is
