@@ -59,6 +59,7 @@ struct ChunkDescriptor {
 // The step's scalars, rounded to float once.
 struct Coefficients {
   float beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, step_size, bias_correction2_sqrt;
+  int frozen;  // the frozen-variance step (AdamWTrainer::step_frozen_variance): m given, v kept
 };
 
 // In double, as PyTorch computes the bias corrections from its double hyperparameters.
@@ -72,12 +73,25 @@ __host__ __device__ inline Coefficients make_coefficients(const AdamWOptions& o,
   c.decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
   c.step_size = static_cast<float>(o.lr / (1.0 - pow(o.beta1, static_cast<double>(step))));
   c.bias_correction2_sqrt = static_cast<float>(sqrt(1.0 - pow(o.beta2, static_cast<double>(step))));
+  c.frozen = 0;
+  return c;
+}
+
+// The frozen-variance step's scalars: `frozen_steps` steps since the freeze (this one included),
+// `unfrozen_steps` before it; m = (1 - velocity) g, so one_minus_beta1 carries 1 - velocity.
+__host__ __device__ inline Coefficients make_frozen_coefficients(const AdamWOptions& o, double velocity,
+                                                                 int64_t frozen_steps, int64_t unfrozen_steps) {
+  Coefficients c = make_coefficients(o, unfrozen_steps);
+  c.one_minus_beta1 = static_cast<float>(1.0 - velocity);
+  c.step_size = static_cast<float>(o.lr / (1.0 - pow(velocity, static_cast<double>(frozen_steps))));
+  c.frozen = 1;
   return c;
 }
 
 // The trainer's device state, then one flag per block of the gradient check.
 struct TrainerState {
   int64_t steps[2];           // [0] the steps taken at the start of the step in flight, [1] after the last step
+  int64_t frozen_at;          // 1 + the steps taken before the first frozen-variance step; 0: not frozen
   Coefficients coefficients;  // of the step in flight, written by the check's block 0
   int verdict;                // any inf/NaN among the gradients of the step in flight
   unsigned arrivals;          // check blocks finished; 0 between steps
@@ -90,6 +104,14 @@ __device__ __forceinline__ void adamw_update(float g, float& p, float& m, float&
   p *= decay;
   m = c.beta1 * m + c.one_minus_beta1 * g;
   v = c.beta2 * v + c.one_minus_beta2 * g * g;
+  p -= c.step_size * m / (sqrtf(v) / c.bias_correction2_sqrt + c.eps);
+}
+
+// One element of the frozen-variance step: g is the velocity increment, v is read, not written.
+__device__ __forceinline__ void frozen_variance_update(float g, float& p, float& m, float v, const Coefficients& c,
+                                                       float decay) {
+  p *= decay;
+  m = c.one_minus_beta1 * g;
   p -= c.step_size * m / (sqrtf(v) / c.bias_correction2_sqrt + c.eps);
 }
 
@@ -136,14 +158,23 @@ __global__ void __launch_bounds__(kThreads)
 
 // flags[block] = whether the block saw an inf or NaN among `vectors` 16-byte vectors of gradients;
 // the last block to finish ORs them into state->verdict. Block 0 also starts the step count of this
-// step and computes its scalars.
+// step and computes its scalars: AdamW's where velocity < 0, else the frozen-variance step's (the
+// first such step records how many steps came before it).
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     adamw_gradient_check_kernel(const T* __restrict__ grads, size_t vectors, int* __restrict__ flags,
-                                TrainerState* __restrict__ state, AdamWOptions options) {
+                                TrainerState* __restrict__ state, AdamWOptions options, double velocity) {
   if (blockIdx.x == 0 && threadIdx.x == 0) {
-    state->steps[0] = state->steps[1];
-    state->coefficients = make_coefficients(options, state->steps[1] + 1);
+    const int64_t taken = state->steps[1];
+    state->steps[0] = taken;
+    if (velocity < 0) {
+      state->frozen_at = 0;
+      state->coefficients = make_coefficients(options, taken + 1);
+    } else {
+      if (state->frozen_at == 0) state->frozen_at = taken + 1;
+      const int64_t before = state->frozen_at - 1;
+      state->coefficients = make_frozen_coefficients(options, velocity, taken + 1 - before, before);
+    }
   }
   constexpr uint32_t low = kExponentBits<T>, high = kExponentBits<T> << 16;
   bool found = false;
@@ -211,14 +242,22 @@ __global__ void __launch_bounds__(kThreads)
   }
   const float decay = e < decay_end ? c.decay : 1.f;
   VT out;
+  if (c.frozen) {
 #pragma unroll
-  for (int j = 0; j < kTrainerElements; ++j) {
-    adamw_update(to_float(g.v[j]) * inv_scale, p[j], m.v[j], v.v[j], c, decay);
-    out.v[j] = from_float<T>(p[j]);
+    for (int j = 0; j < kTrainerElements; ++j) {
+      frozen_variance_update(to_float(g.v[j]) * inv_scale, p[j], m.v[j], v.v[j], c, decay);
+      out.v[j] = from_float<T>(p[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kTrainerElements; ++j) {
+      adamw_update(to_float(g.v[j]) * inv_scale, p[j], m.v[j], v.v[j], c, decay);
+      out.v[j] = from_float<T>(p[j]);
+    }
   }
   out.store(params + e);
   m.store(exp_avg + e);
-  v.store(exp_avg_sq + e);
+  if (!c.frozen) v.store(exp_avg_sq + e);
   if constexpr (kMaster) {
     VF pv;
 #pragma unroll
@@ -257,9 +296,9 @@ int check_grid() {
 template <class T, bool kMaster>
 void trainer_step_typed(T* params, const T* grads, float* master, float* exp_avg, float* exp_avg_sq, size_t elements,
                         size_t decay_end, int* flags, int flag_count, TrainerState* state, const AdamWOptions& options,
-                        float inv_scale, cudaStream_t stream) {
+                        double velocity, float inv_scale, cudaStream_t stream) {
   const size_t vectors = elements / (16 / sizeof(T));
-  adamw_gradient_check_kernel<T><<<flag_count, kThreads, 0, stream>>>(grads, vectors, flags, state, options);
+  adamw_gradient_check_kernel<T><<<flag_count, kThreads, 0, stream>>>(grads, vectors, flags, state, options, velocity);
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
   // At least one block: block 0 carries the step count even over an empty buffer.
   const size_t tiles = std::max<size_t>((elements + kTrainerTile - 1) / kTrainerTile, 1);
@@ -405,6 +444,24 @@ void AdamWTrainer::load_master_weights(cudaStream_t stream) {
 }
 
 void AdamWTrainer::step(const AdamWOptions& options, float loss_scale, cudaStream_t stream) {
+  launch_step(options, -1.0, loss_scale, stream);
+  ++unfrozen_calls_;
+}
+
+void AdamWTrainer::step_frozen_variance(const AdamWOptions& options, double velocity_factor, float loss_scale,
+                                        cudaStream_t stream) {
+  if (!(velocity_factor >= 0 && velocity_factor < 1)) {
+    throw std::invalid_argument("adamw trainer: the velocity factor must be in [0, 1) (got " +
+                                std::to_string(velocity_factor) + ")");
+  }
+  if (unfrozen_calls_ == 0) {
+    throw std::logic_error(
+        "adamw trainer: a frozen-variance step needs AdamW steps before it (the second moment is zero)");
+  }
+  launch_step(options, velocity_factor, loss_scale, stream);
+}
+
+void AdamWTrainer::launch_step(const AdamWOptions& options, double velocity, float loss_scale, cudaStream_t stream) {
   check_options(options);
   if (!(loss_scale > 0) || !std::isfinite(loss_scale)) {
     throw std::invalid_argument("adamw trainer: loss_scale must be finite and > 0 (got " + std::to_string(loss_scale) +
@@ -417,10 +474,12 @@ void AdamWTrainer::step(const AdamWOptions& options, float loss_scale, cudaStrea
     const auto* g = static_cast<const T*>(gradients_);
     if (master_) {
       trainer_step_typed<T, true>(p, g, master_, exp_avg_, exp_avg_sq_, layout_.elements, decay_end_, flags_,
-                                  check_blocks_, static_cast<TrainerState*>(state_), options, inv_scale, stream);
+                                  check_blocks_, static_cast<TrainerState*>(state_), options, velocity, inv_scale,
+                                  stream);
     } else {
       trainer_step_typed<T, false>(p, g, nullptr, exp_avg_, exp_avg_sq_, layout_.elements, decay_end_, flags_,
-                                   check_blocks_, static_cast<TrainerState*>(state_), options, inv_scale, stream);
+                                   check_blocks_, static_cast<TrainerState*>(state_), options, velocity, inv_scale,
+                                   stream);
     }
   });
 }

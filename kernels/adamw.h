@@ -131,6 +131,21 @@ class AdamWTrainer {
   // any gradient is inf or NaN.
   void step(const AdamWOptions& options, float loss_scale, cudaStream_t stream);
 
+  // AdamW with the second moment frozen (1-bit Adam's compression stage), for data-parallel
+  // training that exchanges a momentum instead of gradients (dp/gradient_exchanger.h): the gradient
+  // buffer holds loss_scale x an increment of a velocity u = velocity_factor u + g (the sum over
+  // ranks of what they sent of it; loss_scale as in step() takes the rank count too), and
+  //   m = (1 - velocity_factor) g,   v unchanged (neither updated nor written),
+  //   p = p * (1 - lr * weight_decay) - lr / (1 - velocity_factor^s) * m / (sqrt(v) / sqrt(1 - beta2^T) + eps)
+  // with s the steps since the first frozen step (this one included) and T the steps before it: the
+  // bias corrections of a velocity that starts from zero at the freeze and of a v frozen at step T.
+  // Over steps the parameters move as AdamW with v frozen moves them for the same velocity (the
+  // exchange's error feedback makes the increments add up to it). exp_avg holds the last step's m;
+  // beta1 is unused (velocity_factor takes its place). A non-finite gradient skips the step as in
+  // step(); a later step() unfreezes. Throws std::logic_error before any step() (v is still zero)
+  // and std::invalid_argument for a velocity_factor outside [0, 1).
+  void step_frozen_variance(const AdamWOptions& options, double velocity_factor, float loss_scale, cudaStream_t stream);
+
   // The steps taken (skipped ones not counted). Synchronizes with `stream`.
   int64_t step_count(cudaStream_t stream) const;
 
@@ -150,6 +165,9 @@ class AdamWTrainer {
   void* state_ = nullptr;
   int* flags_ = nullptr;
   int check_blocks_ = 0;
+  int64_t unfrozen_calls_ = 0;  // step() calls, skipped or not: with none, v is still zero
+
+  void launch_step(const AdamWOptions& options, double velocity, float loss_scale, cudaStream_t stream);
 };
 
 }  // namespace fusekit::kernels

@@ -270,6 +270,9 @@ struct TrainerReference {
   std::vector<double> p, master_p, m, v, magnitude;
   std::vector<double> peak;  // the largest |p| so far: a one-ulp divergence there lives on as |p| shrinks
   size_t decayed;            // elements of the tensors that take weight decay, the first ones
+  // The frozen-variance steps' |change| of each parameter, summed: their updates are not bounded by
+  // lr as AdamW's are (m / sqrt(v) with v frozen), so float's relative error is of this size.
+  std::vector<double> moved = {};
 
   void step(const std::vector<double>& g, int64_t step) {
     std::vector<double>& updated = master ? master_p : p;
@@ -282,6 +285,34 @@ struct TrainerReference {
       p[e] = round_to(updated[e], dtype);
       m[e] = round_to(m[e], DType::f32);
       v[e] = round_to(v[e], DType::f32);
+      peak[e] = std::max(peak[e], std::fabs(p[e]));
+    }
+    track_magnitude(magnitude, g);
+  }
+
+  // A frozen-variance step (AdamWTrainer::step_frozen_variance) on velocity increments g.
+  void frozen_step(const std::vector<double>& g, double velocity, int64_t frozen_steps, int64_t unfrozen_steps) {
+    std::vector<double>& updated = master ? master_p : p;
+    reference::AdamWOptions no_decay = kReference;
+    no_decay.weight_decay = 0;
+    auto part = [&](size_t begin, size_t end, const reference::AdamWOptions& options) {
+      auto slice = [&](const std::vector<double>& x) {
+        return std::vector<double>(x.begin() + begin, x.begin() + end);
+      };
+      std::vector<double> ps = slice(updated), ms = slice(m);
+      reference::adamw_frozen_variance_step(ps, slice(g), ms, slice(v), options, velocity, frozen_steps,
+                                            unfrozen_steps);
+      if (moved.empty()) moved.assign(p.size(), 0.0);
+      for (size_t e = begin; e < end; ++e) moved[e] += std::fabs(ps[e - begin] - updated[e]);
+      std::copy(ps.begin(), ps.end(), updated.begin() + begin);
+      std::copy(ms.begin(), ms.end(), m.begin() + begin);
+    };
+    part(0, decayed, kReference);
+    part(decayed, p.size(), no_decay);
+    for (size_t e = 0; e < p.size(); ++e) {
+      if (master) master_p[e] = round_to(master_p[e], DType::f32);
+      p[e] = round_to(updated[e], dtype);
+      m[e] = round_to(m[e], DType::f32);
       peak[e] = std::max(peak[e], std::fabs(p[e]));
     }
     track_magnitude(magnitude, g);
@@ -359,7 +390,10 @@ void expect_matches(const AdamWTrainer& trainer, const TrainerReference& ref, co
   const TrainerOutputs out = download_all(trainer);
   const DType dtype = trainer.dtype();
   const double rounds = steps + 1;
-  auto master_tolerance = [&](size_t e) { return rounds * (ulp(ref.master_p[e], DType::f32) + 1e-5 * kReference.lr); };
+  auto master_tolerance = [&](size_t e) {
+    return rounds * (ulp(ref.master_p[e], DType::f32) + 1e-5 * kReference.lr) +
+           (ref.moved.empty() ? 0 : 1e-6 * ref.moved[e]);
+  };
   const std::vector<double> p = gather(out.p, at);
   if (trainer.master_weights()) {
     const std::vector<double> master = gather(out.master, at);
@@ -377,7 +411,8 @@ void expect_matches(const AdamWTrainer& trainer, const TrainerReference& ref, co
     expect_close(
         p, ref.p,
         [&](size_t e) {
-          return 3 * ulp(std::max(std::fabs(p[e]), ref.peak[e]), dtype) + rounds * 1e-5 * kReference.lr;
+          return 3 * ulp(std::max(std::fabs(p[e]), ref.peak[e]), dtype) + rounds * 1e-5 * kReference.lr +
+                 (ref.moved.empty() ? 0 : 1e-6 * ref.moved[e]);
         },
         "param");
   }
@@ -516,6 +551,51 @@ TEST_P(AdamWTrainerSkipTest, NonFiniteGradientSkipsTheStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Trainers, AdamWTrainerSkipTest,
+                         ::testing::Combine(::testing::Values(DType::f16, DType::bf16), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(dtype_name(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) ? "_master" : "_no_master");
+                         });
+
+// The frozen-variance step: three AdamW steps, four frozen ones (v must keep its bits, the bias
+// corrections count from the freeze), then an AdamW step again (step 8: the count went on).
+class AdamWTrainerFrozenVarianceTest : public ::testing::TestWithParam<std::tuple<DType, bool>> {};
+
+TEST_P(AdamWTrainerFrozenVarianceTest, MatchesFloat64Reference) {
+  FUSEKIT_REQUIRE_GPU();
+  const DType dtype = std::get<0>(GetParam());
+  const bool master = std::get<1>(GetParam());
+  const double loss_scale = master ? 1024 : 3000;
+  const double velocity = 0.85;
+  std::mt19937_64 rng(std::random_device{}());
+  AdamWTrainer trainer(dtype, kSizes, master, 2);
+  const std::vector<size_t> at = element_offsets(trainer);
+  TrainerReference ref = initialize(trainer, at, rng);
+  const std::vector<double> p0 = ref.p;
+  EXPECT_THROW(trainer.step_frozen_variance(options(), velocity, static_cast<float>(loss_scale), nullptr),
+               std::logic_error);
+  for (int step = 1; step <= 3; ++step) {
+    ref.step(upload_gradients(trainer, at, loss_scale, rng), step);
+    trainer.step(options(), static_cast<float>(loss_scale), nullptr);
+  }
+  const size_t n = trainer.flat_elements();
+  const std::vector<uint8_t> v_before = raw_bytes(trainer.exp_avg_sq(), n * 4);
+  for (int frozen = 1; frozen <= 4; ++frozen) {
+    ref.frozen_step(upload_gradients(trainer, at, loss_scale, rng), velocity, frozen, 3);
+    trainer.step_frozen_variance(options(), velocity, static_cast<float>(loss_scale), nullptr);
+  }
+  EXPECT_TRUE(raw_bytes(trainer.exp_avg_sq(), n * 4) == v_before) << "a frozen step wrote the second moment";
+  EXPECT_EQ(trainer.step_count(nullptr), 7);
+  expect_matches(trainer, ref, p0, at, 7);
+  ref.step(upload_gradients(trainer, at, loss_scale, rng), 8);
+  trainer.step(options(), static_cast<float>(loss_scale), nullptr);
+  EXPECT_EQ(trainer.step_count(nullptr), 8);
+  expect_matches(trainer, ref, p0, at, 8);
+  EXPECT_THROW(trainer.step_frozen_variance(options(), 1.0, static_cast<float>(loss_scale), nullptr),
+               std::invalid_argument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Trainers, AdamWTrainerFrozenVarianceTest,
                          ::testing::Combine(::testing::Values(DType::f16, DType::bf16), ::testing::Bool()),
                          [](const auto& info) {
                            return std::string(dtype_name(std::get<0>(info.param))) +
