@@ -50,6 +50,8 @@ struct Options {
   double momentum = 0;
   double reselect = 1;
   std::string index_form = "plain";
+  int64_t dense_steps = 0;
+  bool frozen_variance = false;
   int probe_steps = 5;
   int steps = 300;
   int pool = 32;
@@ -123,8 +125,11 @@ int run(const Options& o) {
   x.reselect = o.reselect;
   x.index_form = dp::parse_index_form(o.index_form);
   x.probe_steps = o.probe_steps;
+  x.dense_steps = o.dense_steps;
+  x.frozen_variance = o.frozen_variance;
 
   models::BertTrainOptions train;
+  if (o.frozen_variance) x.momentum = train.beta1;  // each rank's velocity is AdamW's first moment / (1 - beta1)
   train.lr = o.lr;
   train.seed = o.seed * 1000003u + static_cast<uint64_t>(rank);  // each rank its own dropout masks
   models::FusedBert model(config, train);
@@ -204,7 +209,9 @@ int run(const Options& o) {
   allreduce_sum(comm, losses);
   for (double& l : losses) l /= P;
   std::vector<double> step_ms, compute, selection, communication, narrow, bytes, imbalance;
-  for (size_t i = static_cast<size_t>(std::min(o.skip, o.steps - 1)); i < rows.size(); ++i) {
+  // The medians leave out the first `skip` steps, and the dense steps that precede a sparse exchange.
+  const int first_median = static_cast<int>(std::min<int64_t>(std::max<int64_t>(o.skip, o.dense_steps), o.steps - 1));
+  for (size_t i = static_cast<size_t>(first_median); i < rows.size(); ++i) {
     step_ms.push_back(rows[i].step_ms);
     compute.push_back(rows[i].compute_ms);
     selection.push_back(rows[i].selection_ms);
@@ -248,7 +255,7 @@ int run(const Options& o) {
         "fusekit-dp summary: %d ranks, %s, %s; medians over steps %d..%d: step %.3f ms (slowest rank %.3f), "
         "compute %.3f, selection %.3f, communication %.3f, narrowing %.3f; sent per rank %.3f MB (most %.3f, "
         "max/mean %.3f); collective load max/mean %.3f; loss of the last %d steps %.4f; %.1f s\n",
-        P, config.spec().c_str(), exchanger.decision().c_str(), o.skip, o.steps - 1, median_of(step_ms), step_max,
+        P, config.spec().c_str(), exchanger.decision().c_str(), first_median, o.steps - 1, median_of(step_ms), step_max,
         median_of(compute), median_of(selection), median_of(communication), median_of(narrow), bytes_mean / 1e6,
         bytes_max / 1e6, bytes_mean > 0 ? bytes_max / bytes_mean : 1.0, median_of(imbalance), window, final_loss,
         wall_s);
@@ -262,13 +269,14 @@ int run(const Options& o) {
       f << "{\n  \"label\": \"" << o.label << "\",\n  \"ranks\": " << P << ",\n  \"config\": \"" << config.spec()
         << "\",\n  \"exchange\": \"" << o.exchange << "\",\n  \"collective\": \"" << o.collective
         << "\",\n  \"density\": " << o.density << ",\n  \"warmup_steps\": " << o.warmup_steps
-        << ",\n  \"momentum\": " << o.momentum << ",\n  \"reselect\": " << o.reselect << ",\n  \"index_form\": \""
-        << o.index_form << "\""
-        << ",\n  \"lr\": " << o.lr << ",\n  \"lr_warmup\": " << o.lr_warmup
-        << ",\n  \"echo\": " << (o.echo ? "true" : "false") << ",\n  \"pool\": " << o.pool << ",\n  \"decision\": \""
-        << exchanger.decision() << "\",\n  \"nccl_p2p_disable\": \"" << env_or("NCCL_P2P_DISABLE", "")
-        << "\",\n  \"nccl_shm_disable\": \"" << env_or("NCCL_SHM_DISABLE", "")
-        << "\",\n  \"gradient_elements\": " << flat.elements << ",\n  \"skip\": " << o.skip;
+        << ",\n  \"momentum\": " << x.momentum << ",\n  \"reselect\": " << o.reselect << ",\n  \"index_form\": \""
+        << o.index_form << "\",\n  \"dense_steps\": " << o.dense_steps
+        << ",\n  \"frozen_variance\": " << (o.frozen_variance ? "true" : "false") << ",\n  \"lr\": " << o.lr
+        << ",\n  \"lr_warmup\": " << o.lr_warmup << ",\n  \"echo\": " << (o.echo ? "true" : "false")
+        << ",\n  \"pool\": " << o.pool << ",\n  \"decision\": \"" << exchanger.decision()
+        << "\",\n  \"nccl_p2p_disable\": \"" << env_or("NCCL_P2P_DISABLE", "") << "\",\n  \"nccl_shm_disable\": \""
+        << env_or("NCCL_SHM_DISABLE", "") << "\",\n  \"gradient_elements\": " << flat.elements
+        << ",\n  \"skip\": " << first_median;
       std::snprintf(buf, sizeof buf,
                     ",\n  \"summary\": {\"step_ms\": %.4f, \"slowest_rank_step_ms\": %.4f, \"compute_ms\": %.4f, "
                     "\"selection_ms\": %.4f, \"communication_ms\": %.4f, \"narrow_ms\": %.4f, \"bytes_per_rank_mean\": "
@@ -337,6 +345,12 @@ int main(int argc, char** argv) {
   app.add_option("--momentum", o.momentum, "Momentum correction factor (0: residual accumulation alone)")
       ->check(CLI::Range(0.0, 0.999))
       ->capture_default_str();
+  app.add_option("--dense-steps", o.dense_steps, "Sparse: the first steps exchange densely (the optimizer's warm-up)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_flag("--frozen-variance", o.frozen_variance,
+               "Sparse, after --dense-steps: exchange each rank's AdamW velocity by top-k with error feedback and "
+               "step with AdamW's second moment frozen (1-bit Adam's recipe; dp/gradient_exchanger.h says why)");
   app.add_option("--probe-steps", o.probe_steps, "auto: steps that time both exchanges")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
@@ -360,6 +374,10 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (o.frozen_variance && o.momentum > 0) {
+    std::fprintf(stderr, "fusekit-dp: --frozen-variance takes AdamW's beta1 as its momentum; leave --momentum out\n");
+    return 2;
   }
   if (o.label.find('"') != std::string::npos || o.label.find('\\') != std::string::npos) {
     std::fprintf(stderr, "fusekit-dp: --label must not hold quotes or backslashes\n");

@@ -105,8 +105,8 @@ void ErrorFeedback::return_unapplied(const float* sum, cudaStream_t stream) {
   const kernels::DType wire = wire_ == WireValue::f16 ? kernels::DType::f16 : kernels::DType::bf16;
   kernels::dispatch_16bit_dtype(wire, "error feedback", [&](auto tag) {
     using W = typename decltype(tag)::type;
-    return_unapplied_kernel<W><<<blocks_for(count_), kThreads, 0, stream>>>(indices_, values_, count_, sum, residual_,
-                                                                            defer_masking_ ? momentum_ : nullptr);
+    return_unapplied_kernel<W><<<blocks_for(count_), kThreads, 0, stream>>>(
+        indices_, values_, count_, sum, residual_, masking_ == MomentumMasking::on_apply ? momentum_ : nullptr);
   });
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }
@@ -176,7 +176,7 @@ uint64_t ErrorFeedback::step(const void* gradient, kernels::DType dtype, double 
     using W = typename decltype(tag)::type;
     pack_kernel<W><<<blocks_for(count_), kThreads, 0, stream>>>(
         static_cast<const PackLayer*>(pack_table_), static_cast<int>(layers_.size()), selection_.indices(),
-        selection_.values(), indices_, values_, residual_, defer_masking_ ? nullptr : momentum_);
+        selection_.values(), indices_, values_, residual_, masking_ == MomentumMasking::on_send ? momentum_ : nullptr);
   });
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
   return count_;

@@ -6,6 +6,10 @@
 //   residual accumulation (momentum = 0):   v += g;  select top-k of |v| per layer;  v[sel] = 0
 //   momentum correction (momentum m > 0,    u = m u + g;  v += u;  select from |v|;
 //     Deep Gradient Compression):           u[sel] = v[sel] = 0  (momentum factor masking)
+//   a velocity exchanged whole (m > 0,      as above without masking: u keeps going, so the sent
+//     MomentumMasking::none):               values add up to the sum of the u's (the exchange of
+//                                           Adam's first moment with its second frozen, 1-bit Adam's
+//                                           way, dp/gradient_exchanger.h)
 //
 // Layout: `layers` are (offset, size) spans of one flat buffer, in increasing offset order and not
 // overlapping, so the flat indices come out strictly increasing; v and u are fp32 over
@@ -31,6 +35,10 @@
 
 namespace fusekit::dp {
 
+// Where momentum correction clears u: at the entries sent (DGC), at those the exchange applied
+// (after a re-selection: return_unapplied), or nowhere.
+enum class MomentumMasking { on_send, on_apply, none };
+
 class ErrorFeedback {
  public:
   // Allocates v (zeroed), u (zeroed, where momentum > 0) and the outputs for densities up to
@@ -50,11 +58,12 @@ class ErrorFeedback {
   // re-selection): v[i] += the wire value of each entry whose exchanged sum[i] (fp32, device, the
   // collective's output) is zero, so an entry that was not applied is delayed, not lost. Then
   //   applied sent + v == the sum of the gradients (up to float rounding), as without it.
-  // With defer_masking(true) (set before the first step), step() leaves u alone and
+  // With MomentumMasking::on_apply (set before the first step), step() leaves u alone and
   // return_unapplied() clears u only where the entry was applied: an entry sent but not applied
   // keeps its velocity, as one never sent does.
   void return_unapplied(const float* sum, cudaStream_t stream);
-  void defer_masking(bool on) { defer_masking_ = on; }
+  void set_masking(MomentumMasking masking) { masking_ = masking; }
+  MomentumMasking masking() const { return masking_; }
 
   // The last step's entries, on the device: flat indices, strictly increasing, and wire values.
   const uint32_t* indices() const { return indices_; }
@@ -81,7 +90,7 @@ class ErrorFeedback {
   uint16_t* values_ = nullptr;
   void* pack_table_ = nullptr;  // device: per layer, where its entries come from and go
   uint64_t count_ = 0;
-  bool defer_masking_ = false;
+  MomentumMasking masking_ = MomentumMasking::on_send;
   std::vector<LayerSelectionResult> results_;
 };
 

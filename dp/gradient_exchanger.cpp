@@ -103,6 +103,16 @@ GradientExchanger::GradientExchanger(Communicator& communicator, const models::F
     throw std::invalid_argument("gradient exchange: the re-selection's kept fraction must be in (0, 1], not " +
                                 std::to_string(options_.reselect));
   }
+  if (options_.dense_steps < 0) throw std::invalid_argument("gradient exchange: dense steps must be >= 0");
+  if (options_.dense_steps > 0 && options_.mode != ExchangeMode::sparse) {
+    throw std::invalid_argument("gradient exchange: dense steps first are for the sparse exchange");
+  }
+  if (options_.frozen_variance &&
+      (options_.mode != ExchangeMode::sparse || options_.dense_steps < 1 || !(options_.momentum > 0))) {
+    throw std::invalid_argument(
+        "gradient exchange: frozen variance needs the sparse exchange, at least one dense step first (AdamW's "
+        "second moment comes from them) and a momentum in (0, 1) (AdamW's beta1)");
+  }
   if (options_.reselect < 1 && options_.collective == SparseCollectiveKind::allgather) {
     throw std::invalid_argument("gradient exchange: re-selection needs a reduce-scatter collective (balanced, equal)");
   }
@@ -123,7 +133,11 @@ GradientExchanger::GradientExchanger(Communicator& communicator, const models::F
       options_.warmup_steps > 0 ? std::max(options_.density, options_.warmup_start) : options_.density;
   feedback_ =
       std::make_unique<ErrorFeedback>(spans_of(layout_), max_density, options_.momentum, wire_of(layout_.dtype));
-  feedback_->defer_masking(options_.reselect < 1);  // u cleared only where an entry was applied
+  // Velocities are exchanged whole (never masked); DGC's masking clears u where an entry was sent,
+  // or after a re-selection only where it was applied.
+  feedback_->set_masking(options_.frozen_variance ? MomentumMasking::none
+                         : options_.reselect < 1  ? MomentumMasking::on_apply
+                                                  : MomentumMasking::on_send);
   // The selection's capacity allows counts up to 1.25 k per tensor; no rank sends more than all.
   collective_ = std::make_unique<SparseCollective>(communicator_, layout_.elements,
                                                    std::min<uint64_t>(feedback_->capacity(), layout_.elements),
@@ -144,7 +158,7 @@ GradientExchanger::~GradientExchanger() {
 
 double GradientExchanger::density_of(int64_t step) const {
   if (options_.warmup_steps <= 0) return options_.density;
-  return warmup_density(step, options_.warmup_steps, options_.warmup_start, options_.density);
+  return warmup_density(step - options_.dense_steps, options_.warmup_steps, options_.warmup_start, options_.density);
 }
 
 bool GradientExchanger::sparse_now() const {
@@ -194,7 +208,7 @@ float GradientExchanger::exchange(const models::FlatGradients& gradients, cudaSt
   }
   const int64_t step = step_++;
   record_ = ExchangeRecord{};
-  ran_sparse_ = ran_dense_ = false;
+  ran_sparse_ = ran_dense_ = velocities_ = false;
   FUSEKIT_CUDA_CHECK(cudaEventRecord(events_[kStart], stream));
   if (options_.mode == ExchangeMode::automatic && chosen_ < 0) {
     // Probe: the sparse path on a copy (its sum thrown away), then the dense exchange for real.
@@ -218,9 +232,10 @@ float GradientExchanger::exchange(const models::FlatGradients& gradients, cudaSt
     if (static_cast<int>(probe_dense_ms_.size()) == options_.probe_steps) decide(stream);
     return static_cast<float>(communicator_.size());
   }
-  if (sparse_now()) {
+  if (sparse_now() && step >= options_.dense_steps) {
     run_sparse(gradients.data, gradients.data, density_of(step), stream);
     ran_sparse_ = true;
+    velocities_ = options_.frozen_variance;
   } else {
     run_dense(gradients.data, stream);
     ran_dense_ = true;

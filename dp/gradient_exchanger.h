@@ -19,8 +19,22 @@
 // between their selections, 1/P gathers about as many entries as one rank selected.
 //
 // Density warm-up (Deep Gradient Compression): a step's density falls from `warmup_start` to
-// `density` over `warmup_steps` steps (dp/policy.h's warmup_density). Every tensor is a layer of
-// the selection, so no tensor is starved (each sends at least one entry).
+// `density` over `warmup_steps` sparse steps (dp/policy.h's warmup_density). Every tensor is a
+// layer of the selection, so no tensor is starved (each sends at least one entry).
+//
+// Dense steps first (`dense_steps`, sparse mode): the first exchanges are dense allreduces, the
+// optimizer's warm-up before sparsification.
+//
+// Frozen variance (`frozen_variance`, sparse mode, after at least one dense step; 1-bit Adam's
+// recipe with top-k in place of 1-bit signs): AdamW on error-feedback gradients falls behind,
+// because a coordinate sent once every k steps arrives as one sum of k gradients, which Adam's
+// second moment sees as one large gradient (about sqrt(k) times too small a step). So after the
+// dense steps each rank keeps its own velocity u = momentum u + g (momentum: AdamW's beta1), the
+// error feedback sends top-k of the velocity's unsent remainder with no momentum masking (so what
+// is sent adds up to the sum of the velocities), and the optimizer takes AdamW's step with the
+// second moment frozen at the end of the dense steps (kernels/adamw.h's step_frozen_variance,
+// which velocity_factor() asks for): with v fixed the update is linear in the velocity, so delay
+// is all that error feedback costs, as for SGD with momentum.
 //
 // Timing: events on the model's stream split each exchange into selection (residual update,
 // threshold, compaction), communication (every NCCL call and the host waits between them) and
@@ -62,6 +76,8 @@ struct ExchangerOptions {
   double warmup_start = 0.25;               // the density of step 0 where warmup_steps > 0
   double momentum = 0;                      // DGC's momentum correction (0: residual accumulation alone)
   double reselect = 1;                      // < 1: each slice owner keeps that fraction of its sums (balanced, equal)
+  int64_t dense_steps = 0;                  // sparse: the first steps exchange densely
+  bool frozen_variance = false;             // sparse, after dense steps: exchange velocities (see above)
   IndexForm index_form = IndexForm::plain;  // how the reduce-scatter collectives send indices
   int probe_steps = 5;                      // auto: steps that time both exchanges
 };
@@ -90,6 +106,8 @@ class GradientExchanger final : public models::GradientExchange {
   GradientExchanger& operator=(const GradientExchanger&) = delete;
 
   float exchange(const models::FlatGradients& gradients, cudaStream_t stream) override;
+  // The momentum factor after a sparse exchange of velocities (frozen_variance), else 0.
+  double velocity_factor() const override { return velocities_ ? options_.momentum : 0; }
 
   // The last exchange; its times need the stream it ran on to have completed.
   ExchangeRecord last();
@@ -118,6 +136,7 @@ class GradientExchanger final : public models::GradientExchange {
   cudaEvent_t events_[6] = {};
   unsigned long long* nonfinite_ = nullptr;  // device: the narrowing's count
   bool ran_sparse_ = false, ran_dense_ = false;
+  bool velocities_ = false;  // the last exchange left velocity increments (frozen_variance)
   ExchangeRecord record_;
   int64_t step_ = 0;
   std::vector<double> probe_dense_ms_, probe_sparse_ms_;

@@ -383,7 +383,12 @@ void FusedBert::optimizer_step(cudaStream_t stream) {
   o.beta2 = options_.beta2;
   o.eps = options_.eps;
   o.weight_decay = options_.weight_decay;
-  trainer_->step(o, loss_scale_ * gradient_divisor_, stream);
+  const double velocity = exchange_ ? exchange_->velocity_factor() : 0;
+  if (velocity > 0) {
+    trainer_->step_frozen_variance(o, velocity, loss_scale_ * gradient_divisor_, stream);
+  } else {
+    trainer_->step(o, loss_scale_ * gradient_divisor_, stream);
+  }
 }
 
 float FusedBert::forward_backward(const MlmBatch& batch) {

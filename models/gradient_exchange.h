@@ -35,6 +35,11 @@ class GradientExchange {
   // Enqueued on `stream` after the backward; returns what the gradients are divided by besides the
   // loss scale (the number of ranks summed into them; 1 where nothing was exchanged).
   virtual float exchange(const FlatGradients& gradients, cudaStream_t stream) = 0;
+  // 0 where the last exchange left gradients. Otherwise it left, in their place, increments of a
+  // velocity u = f u + g summed over the ranks (each rank's own velocity, sent by error feedback),
+  // and returns f: the optimizer then takes AdamW's frozen-variance step (kernels/adamw.h's
+  // AdamWTrainer::step_frozen_variance with velocity_factor f).
+  virtual double velocity_factor() const { return 0; }
 };
 
 }  // namespace fusekit::models

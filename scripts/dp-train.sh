@@ -6,11 +6,15 @@
 #     TRANSPORT  nvlink (NCCL's default: NVLink/P2P and shared memory inside the host) or socket
 #                (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1: the network path, as between hosts)
 #     RUN        dense | sparse:<density>[:<collective>[:<keep>[:<index form>]]] | auto:<density> |
+#                frozen:<density>:<dense steps>[:<collective>[:<keep>[:<index form>]]] |
 #                ddp:<hook> (the PyTorch peer scripts/peers/dp_bert_ddp.py: none, fp16 or powersgd);
 #                keep < 1 re-selects each slice's largest sums (fusekit-dp --reselect), index form
-#                plain or bucketed (--index-form), e.g. sparse:0.01:balanced:0.25:bucketed
+#                plain or bucketed (--index-form), e.g. sparse:0.01:balanced:0.25:bucketed; frozen is
+#                sparse after that many dense steps, exchanging AdamW's velocity with its second
+#                moment frozen (--dense-steps N --frozen-variance)
 # Environment: OUT (default out/dp-train), FUSEKIT_DP_ARGS (more fusekit-dp options, e.g.
-# "--model bert-tiny --batch 8"), FUSEKIT_DP_TIMEOUT (seconds a run, default 300), BUILD_DIR.
+# "--model bert-tiny --batch 8"), FUSEKIT_DP_TAG (appended to the runs' names, for runs that differ
+# by FUSEKIT_DP_ARGS alone), FUSEKIT_DP_TIMEOUT (seconds a run, default 300), BUILD_DIR.
 # Exit code: 0 when every run exited 0.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -51,14 +55,16 @@ fi
 
 failed=0
 for spec in "$@"; do
-  IFS=: read -r kind a b c d <<<"$spec"
-  name="$transport-$ranks-${spec//:/-}"
+  IFS=: read -r kind a b c d e <<<"$spec"
+  name="$transport-$ranks-${spec//:/-}${FUSEKIT_DP_TAG:+-$FUSEKIT_DP_TAG}"
   json="$OUT/$name.json"
   args=(--steps "$steps" --json "$json" --label "$name")
   case "$kind" in
     dense) program=("$BUILD_DIR/fusekit-dp" --exchange dense) ;;
     sparse) program=("$BUILD_DIR/fusekit-dp" --exchange sparse --density "$a" --collective "${b:-balanced}"
       --reselect "${c:-1}" --index-form "${d:-plain}") ;;
+    frozen) program=("$BUILD_DIR/fusekit-dp" --exchange sparse --density "$a" --dense-steps "${b:?dense steps}"
+      --frozen-variance --collective "${c:-balanced}" --reselect "${d:-1}" --index-form "${e:-plain}") ;;
     auto) program=("$BUILD_DIR/fusekit-dp" --exchange auto --density "$a" --collective "${b:-balanced}") ;;
     ddp) program=(scripts/peers/dp_bert_ddp.py --hook "$a") ;;
     *) echo "dp-train: unknown run '$spec'" >&2; failed=1; continue ;;

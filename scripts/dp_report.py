@@ -49,8 +49,14 @@ def name(record):
             text += f", keep {record['reselect']:g}"
         if record.get("index_form", "plain") != "plain":
             text += f", {record['index_form']} indices"
-        if record.get("momentum", 0) > 0:
+        if record.get("frozen_variance"):
+            text += f", velocity exchange with AdamW's variance frozen after {record.get('dense_steps', 0)} dense steps"
+        elif record.get("momentum", 0) > 0:
             text += f", momentum {record['momentum']:g}"
+        if record.get("dense_steps", 0) > 0 and not record.get("frozen_variance"):
+            text += f", {record['dense_steps']} dense steps first"
+        if record.get("warmup_steps", 0) > 0:
+            text += f", density warm-up {record['warmup_steps']} steps"
         return text
     if exchange == "auto":
         return f"auto ({record.get('density'):g})"

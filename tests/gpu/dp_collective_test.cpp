@@ -816,5 +816,101 @@ TEST(DpGradientExchanger, DenseAndSparseSumTheRanksGradients) {
   EXPECT_LE(sent, static_cast<size_t>(1.25 * 0.05 * 200003 * ranks) + 3 * ranks);
 }
 
+// Frozen variance: a dense step first (gradients summed, velocity_factor() 0), then sparse steps
+// that exchange each rank's velocity u = 0.8 u + g, never masked: over the sparse steps, what
+// arrived plus every rank's residual equals the sum over ranks and steps of the velocities, to one
+// fp16 rounding of each arrival.
+TEST(DpGradientExchanger, ExchangedVelocitiesAddUp) {
+  FUSEKIT_REQUIRE_GPU();
+  Communicator& c = communicator();
+  const int ranks = c.size(), me = c.rank();
+  constexpr int kSparseSteps = 3;
+  constexpr double kMomentum = 0.8;
+  models::FlatGradients layout;
+  layout.dtype = kernels::DType::f16;
+  layout.tensors = {{0, 50001}, {50008, 7}, {50016, 80000}};
+  layout.elements = 130016;
+  const auto gradients_of = [&](int rank, int step) {
+    std::mt19937_64 random(5000 + 100 * static_cast<uint64_t>(step) + static_cast<uint64_t>(rank));
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<uint16_t> g(layout.elements, 0);
+    for (const auto& t : layout.tensors) {
+      for (uint64_t i = t.offset; i < t.offset + t.size; ++i) g[i] = float_to_wire(normal(random), WireValue::f16);
+    }
+    return g;
+  };
+  // The host's velocities: per rank, from zero at the first sparse step; their sum over ranks and steps.
+  std::vector<double> velocity_sum(layout.elements, 0.0), magnitude(layout.elements, 0.0);
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<double> u(layout.elements, 0.0);
+    for (int t = 1; t <= kSparseSteps; ++t) {
+      const std::vector<uint16_t> g = gradients_of(r, t);
+      for (uint64_t i = 0; i < layout.elements; ++i) {
+        u[i] = kMomentum * u[i] + wire_to_float(g[i], WireValue::f16);
+        velocity_sum[i] += u[i];
+        magnitude[i] += std::fabs(u[i]);
+      }
+    }
+  }
+  ExchangerOptions options;
+  options.mode = ExchangeMode::sparse;
+  options.density = 0.05;
+  options.dense_steps = 1;
+  options.frozen_variance = true;
+  options.momentum = kMomentum;
+  DeviceArray<uint16_t> buffer(layout.elements);
+  DeviceArray<float> residuals(layout.elements);
+  std::vector<double> arrived(layout.elements, 0.0), rounding(layout.elements, 0.0);
+  std::vector<float> residual_sum;
+  const auto half_ulp = [](double x) { return std::max(std::ldexp(std::fabs(x), -11), std::ldexp(1.0, -25)); };
+  collectively("velocity exchange", [&] {
+    GradientExchanger exchanger(c, layout, options);
+    for (int t = 0; t <= kSparseSteps; ++t) {
+      buffer.upload(gradients_of(me, t));
+      models::FlatGradients g = layout;
+      g.data = buffer.get();
+      EXPECT_EQ(exchanger.exchange(g, c.stream()), static_cast<float>(ranks));
+      FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(c.stream()));
+      const ExchangeRecord record = exchanger.last();
+      EXPECT_EQ(record.sparse, t > 0) << "step " << t;
+      EXPECT_EQ(exchanger.velocity_factor(), t > 0 ? kMomentum : 0.0) << "step " << t;
+      if (t == 0) continue;
+      for (size_t i = 0; const uint16_t bits : buffer.download(layout.elements)) {
+        const double x = wire_to_float(bits, WireValue::f16);
+        arrived[i] += x;
+        rounding[i] += half_ulp(x);
+        ++i;
+      }
+    }
+    FUSEKIT_CUDA_CHECK(cudaMemset(residuals.get(), 0, layout.elements * sizeof(float)));
+    FUSEKIT_CUDA_CHECK(cudaMemcpy(residuals.get(), exchanger.residual(), exchanger.residual_elements() * sizeof(float),
+                                  cudaMemcpyDeviceToDevice));
+    FUSEKIT_NCCL_CHECK(
+        ncclAllReduce(residuals.get(), residuals.get(), layout.elements, ncclFloat, ncclSum, c.comm(), c.stream()));
+    FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(c.stream()));
+    residual_sum = residuals.download(layout.elements);
+    return 0;
+  });
+  size_t bad = 0, sent = 0;
+  for (const auto& t : layout.tensors) {
+    for (uint64_t i = t.offset; i < t.offset + t.size; ++i) {
+      const double error = std::fabs(arrived[i] + residual_sum[i] - velocity_sum[i]);
+      if (error > rounding[i] + 1e-5 * (magnitude[i] + 1.0)) {
+        if (bad < 5)
+          ADD_FAILURE() << "element " << i << ": arrived " << arrived[i] << " + residuals " << residual_sum[i]
+                        << ", velocities summed " << velocity_sum[i];
+        ++bad;
+      }
+      sent += arrived[i] != 0.0;
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+  // Masked velocities would leave a sent element's later velocity out; unmasked, entries keep coming.
+  EXPECT_GE(sent, static_cast<size_t>(0.8 * 0.05 * 130008));
+  ExchangerOptions no_dense_step = options;
+  no_dense_step.dense_steps = 0;
+  EXPECT_THROW(GradientExchanger(c, layout, no_dense_step), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace fusekit::dp
