@@ -1,0 +1,94 @@
+"""scripts/dp_report.py: runs are compared within their batch (a directory, or the batches a
+--json file holds), losses fall back to another batch's dense run of the same group and say so,
+a --json file reads back as a source, and two sources of one batch name are refused."""
+import json
+import lzma
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SCRIPT = os.path.join(ROOT, "scripts", "dp_report.py")
+
+
+def record(exchange, step_ms, comm_ms, losses, density=0.01, echo=False, extra=None):
+    r = {"label": exchange, "ranks": 4, "exchange": exchange, "collective": "balanced", "density": density,
+         "lr": 1e-4, "lr_warmup": 0, "echo": echo, "nccl_p2p_disable": "1", "decision": exchange,
+         "summary": {"step_ms": step_ms, "communication_ms": comm_ms, "compute_ms": 12.0, "selection_ms": 0.0,
+                     "narrow_ms": 0.0, "bytes_per_rank_mean": 1e6, "bytes_per_rank_max": 1e6,
+                     "same_parameters": True},
+         "steps": [{"loss": x} for x in losses]}
+    r.update(extra or {})
+    return r
+
+
+def write_batch(root, name, records):
+    path = os.path.join(root, name)
+    os.makedirs(path)
+    for i, r in enumerate(records):
+        with open(os.path.join(path, f"{i}.json"), "w") as f:
+            json.dump(r, f)
+    return path
+
+
+def run(*args):
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True)
+
+
+class DpReportTest(unittest.TestCase):
+    def setUp(self):
+        self.root = tempfile.mkdtemp()
+        self.out = [os.path.join(self.root, n) for n in ("dp.md", "dp.csv", "dp.json")]
+
+    def report(self, *sources):
+        result = run(*sources, "--md", self.out[0], "--csv", self.out[1], "--json", self.out[2])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(self.out[0]) as f:
+            return f.read()
+
+    def rows(self, md):
+        return [line for line in md.splitlines() if line.startswith("| b") and not line.startswith("| batch")]
+
+    def test_times_stay_in_their_batch_and_losses_say_where_they_come_from(self):
+        a = write_batch(self.root, "ba", [record("dense", 100.0, 90.0, [10.0] * 10),
+                                          record("sparse", 20.0, 9.0, [10.5] * 10)])
+        b = write_batch(self.root, "bb", [record("dense", 50.0, 40.0, [10.0] * 20),
+                                          record("sparse", 25.0, 10.0, [11.0] * 10, extra={"frozen_variance": True,
+                                                                                      "dense_steps": 3,
+                                                                                      "momentum": 0.9})])
+        md = self.report(a, b)
+        rows = {(r.split(" | ")[0][2:], r.split(" | ")[5]): r for r in self.rows(md)}
+        # Batch ba: 100 / 20 = 5x the step, 90 / 9 = 10x the communication, loss +5% of its own dense.
+        sparse_a = rows[("ba", "sparse 0.01 balanced")]
+        self.assertIn("| 5.00x | 10.0x |", sparse_a)
+        self.assertIn("+5.00% |", sparse_a)
+        # Batch bb's sparse run: its dense run has 20 steps, not 10, so no loss group in bb; times
+        # against bb's dense (50 / 25), never ba's; the loss against ba's dense, named.
+        sparse_b = [r for (batch, run_name), r in rows.items() if batch == "bb" and run_name.startswith("sparse")]
+        self.assertEqual(len(sparse_b), 1)
+        self.assertIn("velocity exchange with AdamW's variance frozen after 3 dense steps", sparse_b[0])
+        self.assertIn("| 2.00x | 4.0x |", sparse_b[0])
+        self.assertIn("+10.00% (ba) |", sparse_b[0])
+
+    def test_the_json_reads_back_as_a_source_and_batch_names_do_not_collide(self):
+        a = write_batch(self.root, "ba", [record("dense", 100.0, 90.0, [10.0] * 10)])
+        self.report(a)
+        packed = os.path.join(self.root, "earlier.json.xz")
+        with open(self.out[2]) as f, lzma.open(packed, "wt") as g:
+            g.write(f.read())
+        b = write_batch(self.root, "bb", [record("dense", 50.0, 40.0, [10.0] * 10)])
+        md = self.report(packed, b)
+        self.assertEqual(sorted(r.split(" | ")[0][2:] for r in self.rows(md)), ["ba", "bb"])
+        again = os.path.join(self.root, "again")
+        os.makedirs(again)
+        collide = write_batch(again, "ba", [record("dense", 1.0, 1.0, [1.0] * 10)])
+        result = run(packed, collide, "--md", self.out[0], "--csv", self.out[1], "--json", self.out[2])
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("batch 'ba' comes from both", result.stderr)
+        self.assertEqual(len(result.stderr.strip().splitlines()), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
