@@ -22,6 +22,7 @@
 #include "reports/run_report.h"
 #include "reports/terminal.h"
 #include "store/store.h"
+#include "suites/interrupt.h"
 #include "suites/ops/ops_suite.h"
 #include "suites/peers.h"
 #include "suites/recorded_command.h"
@@ -117,6 +118,11 @@ std::string operator_shapes() {
   return shapes;
 }
 
+namespace {
+int bench_session(suites::Session& session, const BenchOptions& o, bool ops,
+                  const std::vector<suites::Case>& ops_cases);
+}  // namespace
+
 int bench(const BenchOptions& o) {
   const std::vector<std::string>& op_suites = suites::op_suites();
   const bool ops = !o.op.empty() || std::find(op_suites.begin(), op_suites.end(), o.suite) != op_suites.end();
@@ -131,7 +137,22 @@ int bench(const BenchOptions& o) {
     throw std::invalid_argument("--ops selects operators of --suite ops, attention or models (for one case: --op)");
   }
   if (ops) ops_cases = suites::ops_cases({o.op, o.shape, o.dtype, o.backward, o.ops, o.op.empty() ? o.suite : "ops"});
+  const suites::InterruptScope interrupts;  // SIGINT, SIGTERM: stop between cases, keep what was recorded
   suites::Session session({o.db, o.label, o.argv, o.allow_dropped});  // from here on, the run is recorded
+  try {
+    return bench_session(session, o, ops, ops_cases);
+  } catch (const suites::Interrupted& e) {
+    session.interrupt(e.exit_code());
+    std::fprintf(stderr, "fusekit: %s: run %lld ends \"interrupted\"; what it recorded stays in %s\n", e.what(),
+                 static_cast<long long>(session.run()), o.db.c_str());
+    return e.exit_code();
+  }
+}
+
+namespace {
+// The recorded part of a bench run: the copy ceiling, the cases, the peers, the table.
+int bench_session(suites::Session& session, const BenchOptions& o, bool ops,
+                  const std::vector<suites::Case>& ops_cases) {
   session.record_copy_ceiling();
   const suites::RunnerOptions options{o.warmup, o.repetitions, o.traced_repetitions, o.warmup_ms, o.sample_us};
   if (ops) {
@@ -152,6 +173,7 @@ int bench(const BenchOptions& o) {
   std::cout << "run " << session.run() << " recorded in " << o.db << "\n";
   return session.finish();
 }
+}  // namespace
 
 int list_cases(const CasesOptions& o) {
   if (!o.ops.empty() && !o.op.empty()) {
@@ -170,6 +192,7 @@ int trace(const TraceOptions& o) {
   const profiler::Environment env = profiler::read_environment();
   const int64_t run = suites::begin_run(store, o.label, o.command, env);
 
+  const suites::InterruptScope interrupts;  // SIGINT, SIGTERM: passed on to the command, the run kept
   int exit_code = 0;
   try {
     exit_code = suites::run_recorded_command(o.db, run, o.command, o.flush_ms, true);
@@ -182,7 +205,12 @@ int trace(const TraceOptions& o) {
     store.finish_run(run, "failed", 1);  // never leave a run marked running
     throw;
   }
-  store.finish_run(run, exit_code == 0 ? "ok" : "failed", exit_code);
+  const int signal = suites::interrupt_signal();
+  store.finish_run(run, signal != 0 ? "interrupted" : exit_code == 0 ? "ok" : "failed", exit_code);
+  if (signal != 0) {
+    std::fprintf(stderr, "fusekit: %s, passed on to the command: run %lld ends \"interrupted\"\n",
+                 suites::Interrupted(signal).what(), static_cast<long long>(run));
+  }
   const reports::RunReport report = reports::load_run_report(store, run);
   std::fprintf(
       stderr,

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "suites/interrupt.h"
 #include "suites/recorded_command.h"
 
 namespace fusekit::suites {
@@ -355,10 +356,12 @@ void run_peers(store::Store& store, int64_t run, const std::string& db, const Pe
   int code = run_recorded_command(db, run, timed_args, 1000, false);
   const size_t recorded = files.record_results(store, run, code != 0);  // kept if the script failed later
   std::fprintf(stderr, "fusekit: recorded %zu peer results\n", recorded);
+  throw_if_interrupted();  // the signal went on to the script; what it had measured is recorded
   if (code == 0) {
     std::fprintf(stderr, "fusekit: tracing the peers: python3 %s --traced-only\n", o.script.c_str());
     peer_args.push_back("--traced-only");
     code = run_recorded_command(db, run, peer_args, 1000, true);
+    throw_if_interrupted();
   }
   if (code != 0) throw std::runtime_error("the peers script failed with exit code " + std::to_string(code));
 }

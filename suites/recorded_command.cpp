@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "profiler/cupti_tracer.h"
+#include "suites/interrupt.h"
 
 namespace fusekit::suites {
 namespace {
@@ -59,9 +60,12 @@ int run_recorded_command(const std::string& db, int64_t run, const std::vector<s
   pid_t child = 0;
   const int rc = posix_spawnp(&child, argv[0], nullptr, nullptr, argv.data(), envp.data());
   if (rc != 0) throw CommandNotStarted("cannot run '" + args.front() + "': " + std::strerror(rc));
+  // A SIGINT or SIGTERM caught while it runs (suites/interrupt.h) is passed on to it.
+  set_interrupt_child(child);
   int status = 0;
   while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
+  set_interrupt_child(0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 

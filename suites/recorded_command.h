@@ -23,7 +23,8 @@ class CommandNotStarted : public std::runtime_error {
 // Runs `command` with FUSEKIT_TRACE_DB and FUSEKIT_TRACE_RUN naming `run` of the store at `db`, and,
 // if `traced`, with the injection library flushing every `flush_ms`. Returns its exit code (128 +
 // signal if killed); throws CommandNotStarted if it could not be started, and std::runtime_error if
-// tracing was asked for and the injection library or CUPTI is missing.
+// tracing was asked for and the injection library or CUPTI is missing. Under an InterruptScope
+// (suites/interrupt.h) a SIGINT or SIGTERM is passed on to the command.
 int run_recorded_command(const std::string& db, int64_t run, const std::vector<std::string>& command, int flush_ms,
                          bool traced);
 

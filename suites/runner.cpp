@@ -9,6 +9,7 @@
 #include "profiler/gpu_conditions.h"
 #include "profiler/range.h"
 #include "profiler/summary.h"
+#include "suites/interrupt.h"
 
 namespace fusekit::suites {
 namespace {
@@ -92,6 +93,7 @@ uint64_t run_cases(store::Store& store, int64_t run, const std::vector<Case>& ca
   // (H100: the libtorch embedding baseline at 8192x768 took 104-107 us timed before any tracing and
   // 179-187 us timed after the fused case's traced repetitions; the fused kernels 13.4-13.6 us both).
   for (size_t i = 0; i < cases.size(); ++i) {
+    throw_if_interrupted();  // what the cases before recorded stays
     const Case& c = cases[i];
     std::fprintf(stderr, "[%zu/%zu] %s [%s]\n", i + 1, cases.size(), c.info.name.c_str(), c.info.variant.c_str());
     OnExit release([&c] {
@@ -135,6 +137,7 @@ uint64_t run_cases(store::Store& store, int64_t run, const std::vector<Case>& ca
   // Then the traced repetitions, for the kernel shares: each case set up again and warmed up by
   // options.warmup repetitions.
   for (size_t i = 0; i < cases.size(); ++i) {
+    throw_if_interrupted();
     const Case& c = cases[i];
     std::fprintf(stderr, "[%zu/%zu] traced: %s [%s]\n", i + 1, cases.size(), c.info.name.c_str(),
                  c.info.variant.c_str());

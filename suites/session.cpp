@@ -132,6 +132,11 @@ int Session::finish() {
   return 0;
 }
 
+void Session::interrupt(int exit_code) {
+  finished_ = true;
+  store_.finish_run(run_, "interrupted", exit_code);
+}
+
 void Session::fail(int exit_code) {
   finished_ = true;  // once: a failure to write the status is not retried by the destructor
   store_.finish_run(run_, "failed", exit_code);

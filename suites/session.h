@@ -65,6 +65,9 @@ class Session {
   int finish();
   // Marks the run failed with `exit_code`; what the run recorded stays.
   void fail(int exit_code);
+  // Marks the run interrupted (a SIGINT or SIGTERM, suites/interrupt.h) with `exit_code`; what the
+  // run recorded stays.
+  void interrupt(int exit_code);
 
  private:
   SessionOptions options_;

@@ -2,6 +2,7 @@
 // the order of its checks, the run's status and exit code on every path and the dropped-record check
 // are tested on any machine.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sqlite3.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 
 #include "posix_files.h"
 #include "store/store.h"
+#include "suites/interrupt.h"
 #include "suites/session.h"
 
 namespace fusekit::suites {
@@ -145,6 +147,33 @@ TEST_F(SessionTest, ACaseThatThrowsLeavesTheRunFailedWithItsRecords) {
   EXPECT_FALSE(run.finished_at.empty());
   store::Store store = store::Store::open(db_, store::Store::Mode::read_only);
   EXPECT_EQ(store.load_cases(run.id).size(), 1u);  // what the run recorded stays
+}
+
+// A SIGTERM between cases (suites/interrupt.h): what `fusekit bench` does with the Interrupted the
+// runner throws. The run ends "interrupted" with 128 + 15, and the case recorded before stays.
+TEST_F(SessionTest, AnInterruptedRunKeepsWhatItRecorded) {
+  SessionSteps steps = fake_steps();
+  const auto record_one = steps.run_cases;
+  steps.run_cases = [record_one](store::Store& store, int64_t run, const std::vector<Case>& cases,
+                                 const RunnerOptions& options) -> uint64_t {
+    record_one(store, run, cases, options);
+    throw Interrupted(SIGTERM);
+  };
+  {
+    Session session(options(), steps);
+    try {
+      session.run_cases({}, {});
+      FAIL() << "the interruption was swallowed";
+    } catch (const Interrupted& e) {
+      EXPECT_EQ(e.exit_code(), 128 + SIGTERM);
+      session.interrupt(e.exit_code());
+    }
+  }  // the destructor leaves an interrupted run as it is
+  const store::RunInfo run = stored_run();
+  EXPECT_EQ(run.status, "interrupted");
+  EXPECT_EQ(run.exit_code, 128 + SIGTERM);
+  store::Store store = store::Store::open(db_, store::Store::Mode::read_only);
+  EXPECT_EQ(store.load_cases(run.id).size(), 1u);
 }
 
 // The runner's traced repetitions drop 4 records: the run fails unless dropped records are allowed.
