@@ -14,7 +14,10 @@
 #                moment frozen (--dense-steps N --frozen-variance)
 # Environment: OUT (default out/dp-train), FUSEKIT_DP_ARGS (more fusekit-dp options, e.g.
 # "--model bert-tiny --batch 8"), FUSEKIT_DP_TAG (appended to the runs' names, for runs that differ
-# by FUSEKIT_DP_ARGS alone), FUSEKIT_DP_TIMEOUT (seconds a run, default 300), BUILD_DIR.
+# by FUSEKIT_DP_ARGS alone), FUSEKIT_DP_TRACE=1 (each run under `fusekit trace` into
+# $OUT/<name>.db: every rank's kernels, NCCL's included, and the ranges bert.step > bert.forward,
+# bert.backward, bert.exchange, bert.optimizer; then its GPU time by kernel category and range is
+# printed; take few steps, tracing slows launches), FUSEKIT_DP_TIMEOUT (seconds a run, default 300), BUILD_DIR.
 # Exit code: 0 when every run exited 0.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,9 +39,11 @@ case "$transport" in
 esac
 cd "$ROOT" || exit 1
 
+targets="fusekit-dp"
+[ "${FUSEKIT_DP_TRACE:-0}" = 1 ] && targets="fusekit-dp fusekit"
 if [ ! -x "$BUILD_DIR/fusekit-dp" ] || [ "${FUSEKIT_DP_REBUILD:-1}" = 1 ]; then
   start=$SECONDS
-  if ! FUSEKIT_TARGETS="fusekit-dp" bash scripts/setup.sh >"$OUT/build.log" 2>&1 || [ ! -x "$BUILD_DIR/fusekit-dp" ]; then
+  if ! FUSEKIT_TARGETS="$targets" bash scripts/setup.sh >"$OUT/build.log" 2>&1 || [ ! -x "$BUILD_DIR/fusekit-dp" ]; then
     grep -B2 -A12 -E "error|Error" "$OUT/build.log" | head -40
     echo "dp-train: the build failed or left fusekit-dp out (NCCL not found?); see $OUT/build.log" >&2
     exit 1
@@ -84,11 +89,18 @@ for spec in "$@"; do
       echo "dp-train: neither torchrun nor mpirun found"; exit 1
     fi
   fi
+  if [ "${FUSEKIT_DP_TRACE:-0}" = 1 ]; then
+    rm -f "$OUT/$name.db"
+    command=("$BUILD_DIR/fusekit" trace --db "$OUT/$name.db" --label "$name" -- "${command[@]}")
+  fi
   start=$SECONDS
   timeout --kill-after=20 "$timeout_s" "${command[@]}" >"$OUT/$name.log" 2>&1
   rc=$?
   [ $rc = 0 ] || failed=1
   echo "== $name: rc $rc in $((SECONDS - start)) s"
   sed -E 's/^\[rank[0-9]+\]://' "$OUT/$name.log" | grep -E 'summary|parameters after|non-finite|error|Error|rank.*fail|auto:' | head -8
+  if [ "${FUSEKIT_DP_TRACE:-0}" = 1 ] && [ -f "$OUT/$name.db" ]; then
+    "$BUILD_DIR/fusekit" summary --db "$OUT/$name.db" --categories --range bert.step | head -40
+  fi
 done
 exit $failed
