@@ -33,8 +33,9 @@
 // error feedback sends top-k of the velocity's unsent remainder with no momentum masking (so what
 // is sent adds up to the sum of the velocities), and the optimizer takes AdamW's step with the
 // second moment frozen at the end of the dense steps (kernels/adamw.h's step_frozen_variance,
-// which velocity_factor() asks for): with v fixed the update is linear in the velocity, so delay
-// is all that error feedback costs, as for SGD with momentum.
+// which velocity_factor() asks for): with v fixed the update is linear in the velocity (below the
+// step's cap of lr per coordinate), so delay is all that error feedback costs, as for SGD with
+// momentum.
 //
 // Timing: events on the model's stream split each exchange into selection (residual update,
 // threshold, compaction), communication (every NCCL call and the host waits between them) and

@@ -59,7 +59,8 @@ struct ChunkDescriptor {
 // The step's scalars, rounded to float once.
 struct Coefficients {
   float beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, step_size, bias_correction2_sqrt;
-  int frozen;  // the frozen-variance step (AdamWTrainer::step_frozen_variance): m given, v kept
+  float velocity_correction;  // frozen: 1 / (1 - velocity^s)
+  int frozen;                 // the frozen-variance step (AdamWTrainer::step_frozen_variance): 1; 2: no v yet, skip
 };
 
 // In double, as PyTorch computes the bias corrections from its double hyperparameters.
@@ -73,25 +74,29 @@ __host__ __device__ inline Coefficients make_coefficients(const AdamWOptions& o,
   c.decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
   c.step_size = static_cast<float>(o.lr / (1.0 - pow(o.beta1, static_cast<double>(step))));
   c.bias_correction2_sqrt = static_cast<float>(sqrt(1.0 - pow(o.beta2, static_cast<double>(step))));
+  c.velocity_correction = 1.f;
   c.frozen = 0;
   return c;
 }
 
 // The frozen-variance step's scalars: `frozen_steps` steps since the freeze (this one included),
-// `unfrozen_steps` before it; m = (1 - velocity) g, so one_minus_beta1 carries 1 - velocity.
+// `adamw_steps` AdamW steps (updates of v) before it; m = (1 - velocity) g, so one_minus_beta1
+// carries 1 - velocity, and step_size is lr. With no AdamW step yet, v is zero: frozen = 2 skips.
 __host__ __device__ inline Coefficients make_frozen_coefficients(const AdamWOptions& o, double velocity,
-                                                                 int64_t frozen_steps, int64_t unfrozen_steps) {
-  Coefficients c = make_coefficients(o, unfrozen_steps);
+                                                                 int64_t frozen_steps, int64_t adamw_steps) {
+  Coefficients c = make_coefficients(o, adamw_steps > 0 ? adamw_steps : 1);
   c.one_minus_beta1 = static_cast<float>(1.0 - velocity);
-  c.step_size = static_cast<float>(o.lr / (1.0 - pow(velocity, static_cast<double>(frozen_steps))));
-  c.frozen = 1;
+  c.step_size = static_cast<float>(o.lr);
+  c.velocity_correction = static_cast<float>(1.0 / (1.0 - pow(velocity, static_cast<double>(frozen_steps))));
+  c.frozen = adamw_steps > 0 ? 1 : 2;
   return c;
 }
 
 // The trainer's device state, then one flag per block of the gradient check.
 struct TrainerState {
   int64_t steps[2];           // [0] the steps taken at the start of the step in flight, [1] after the last step
-  int64_t frozen_at;          // 1 + the steps taken before the first frozen-variance step; 0: not frozen
+  int64_t adamw_steps[2];     // the same, AdamW steps only (updates of v): the bias corrections count these
+  int64_t frozen_at;          // 1 + the steps taken before this freeze's first step; 0: not frozen
   Coefficients coefficients;  // of the step in flight, written by the check's block 0
   int verdict;                // any inf/NaN among the gradients of the step in flight
   unsigned arrivals;          // check blocks finished; 0 between steps
@@ -107,12 +112,15 @@ __device__ __forceinline__ void adamw_update(float g, float& p, float& m, float&
   p -= c.step_size * m / (sqrtf(v) / c.bias_correction2_sqrt + c.eps);
 }
 
-// One element of the frozen-variance step: g is the velocity increment, v is read, not written.
+// One element of the frozen-variance step: g is the velocity increment, v is read, not written. The
+// denominator is at least |m^| (m^ the bias-corrected m), so that no step exceeds lr, as AdamW's
+// first step does not: where v was zero or small at the freeze, lr m^ / sqrt(v) would be huge.
 __device__ __forceinline__ void frozen_variance_update(float g, float& p, float& m, float v, const Coefficients& c,
                                                        float decay) {
   p *= decay;
   m = c.one_minus_beta1 * g;
-  p -= c.step_size * m / (sqrtf(v) / c.bias_correction2_sqrt + c.eps);
+  const float m_hat = m * c.velocity_correction;
+  p -= c.step_size * m_hat / (fmaxf(sqrtf(v) / c.bias_correction2_sqrt, fabsf(m_hat)) + c.eps);
 }
 
 // Bits of a 16-bit float's exponent: all set means inf or NaN.
@@ -165,15 +173,16 @@ __global__ void __launch_bounds__(kThreads)
     adamw_gradient_check_kernel(const T* __restrict__ grads, size_t vectors, int* __restrict__ flags,
                                 TrainerState* __restrict__ state, AdamWOptions options, double velocity) {
   if (blockIdx.x == 0 && threadIdx.x == 0) {
-    const int64_t taken = state->steps[1];
+    const int64_t taken = state->steps[1], adamw = state->adamw_steps[1];
     state->steps[0] = taken;
+    state->adamw_steps[0] = adamw;
     if (velocity < 0) {
       state->frozen_at = 0;
-      state->coefficients = make_coefficients(options, taken + 1);
+      state->coefficients = make_coefficients(options, adamw + 1);
     } else {
       if (state->frozen_at == 0) state->frozen_at = taken + 1;
       const int64_t before = state->frozen_at - 1;
-      state->coefficients = make_frozen_coefficients(options, velocity, taken + 1 - before, before);
+      state->coefficients = make_frozen_coefficients(options, velocity, taken + 1 - before, adamw);
     }
   }
   constexpr uint32_t low = kExponentBits<T>, high = kExponentBits<T> << 16;
@@ -218,10 +227,13 @@ __global__ void __launch_bounds__(kThreads)
                          float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq, size_t elements, size_t decay_end,
                          TrainerState* __restrict__ state, float inv_scale) {
   wait_for_prior_grid();  // the check's verdict, step count and scalars
-  const bool skip = state->verdict != 0;
-  if (blockIdx.x == 0 && threadIdx.x == 0) state->steps[1] = state->steps[0] + (skip ? 0 : 1);
-  if (skip) return;
   const Coefficients c = state->coefficients;
+  const bool skip = state->verdict != 0 || c.frozen == 2;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    state->steps[1] = state->steps[0] + (skip ? 0 : 1);
+    state->adamw_steps[1] = state->adamw_steps[0] + (skip || c.frozen ? 0 : 1);
+  }
+  if (skip) return;
 
   using VT = Vec<T, kTrainerElements>;
   using VF = Vec<float, kTrainerElements>;

@@ -135,15 +135,18 @@ class AdamWTrainer {
   // training that exchanges a momentum instead of gradients (dp/gradient_exchanger.h): the gradient
   // buffer holds loss_scale x an increment of a velocity u = velocity_factor u + g (the sum over
   // ranks of what they sent of it; loss_scale as in step() takes the rank count too), and
-  //   m = (1 - velocity_factor) g,   v unchanged (neither updated nor written),
-  //   p = p * (1 - lr * weight_decay) - lr / (1 - velocity_factor^s) * m / (sqrt(v) / sqrt(1 - beta2^T) + eps)
-  // with s the steps since the first frozen step (this one included) and T the steps before it: the
-  // bias corrections of a velocity that starts from zero at the freeze and of a v frozen at step T.
-  // Over steps the parameters move as AdamW with v frozen moves them for the same velocity (the
+  //   m = (1 - velocity_factor) g,   m^ = m / (1 - velocity_factor^s),   v unchanged (not written),
+  //   p = p * (1 - lr * weight_decay) - lr * m^ / (max(sqrt(v) / sqrt(1 - beta2^T), |m^|) + eps)
+  // with s the steps since this freeze began (this one included) and T the AdamW steps taken (the
+  // updates v had): the bias corrections of a velocity that starts from zero at the freeze and of v.
+  // The |m^| in the denominator caps a step at lr, as AdamW's first step: where v was zero or small
+  // at the freeze (a coordinate the AdamW steps never saw), lr m^ / sqrt(v) would be huge. Below
+  // the cap, the parameters move as AdamW with v frozen moves them for the same velocity (the
   // exchange's error feedback makes the increments add up to it). exp_avg holds the last step's m;
   // beta1 is unused (velocity_factor takes its place). A non-finite gradient skips the step as in
-  // step(); a later step() unfreezes. Throws std::logic_error before any step() (v is still zero)
-  // and std::invalid_argument for a velocity_factor outside [0, 1).
+  // step(), and so does a frozen step before any AdamW step was taken (v is zero). A later step()
+  // unfreezes; its bias corrections count AdamW steps only. Throws std::logic_error before any
+  // step() call and std::invalid_argument for a velocity_factor outside [0, 1).
   void step_frozen_variance(const AdamWOptions& options, double velocity_factor, float loss_scale, cudaStream_t stream);
 
   // The steps taken (skipped ones not counted). Synchronizes with `stream`.

@@ -1,5 +1,6 @@
 #include "kernels/reference/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace fusekit::reference {
@@ -21,13 +22,14 @@ void adamw_step(std::vector<double>& param, const std::vector<double>& grad, std
 void adamw_frozen_variance_step(std::vector<double>& param, const std::vector<double>& increment,
                                 std::vector<double>& exp_avg, const std::vector<double>& exp_avg_sq,
                                 const AdamWOptions& o, double velocity_factor, int64_t frozen_steps,
-                                int64_t unfrozen_steps) {
-  const double step_size = o.lr / (1.0 - std::pow(velocity_factor, static_cast<double>(frozen_steps)));
-  const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, static_cast<double>(unfrozen_steps)));
+                                int64_t adamw_steps) {
+  const double velocity_correction = 1.0 / (1.0 - std::pow(velocity_factor, static_cast<double>(frozen_steps)));
+  const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, static_cast<double>(adamw_steps)));
   for (size_t i = 0; i < param.size(); ++i) {
     param[i] -= o.lr * o.weight_decay * param[i];
     exp_avg[i] = (1.0 - velocity_factor) * increment[i];
-    param[i] -= step_size * exp_avg[i] / (std::sqrt(exp_avg_sq[i]) / bias_correction2_sqrt + o.eps);
+    const double m_hat = exp_avg[i] * velocity_correction;
+    param[i] -= o.lr * m_hat / (std::max(std::sqrt(exp_avg_sq[i]) / bias_correction2_sqrt, std::fabs(m_hat)) + o.eps);
   }
 }
 

@@ -291,7 +291,7 @@ struct TrainerReference {
   }
 
   // A frozen-variance step (AdamWTrainer::step_frozen_variance) on velocity increments g.
-  void frozen_step(const std::vector<double>& g, double velocity, int64_t frozen_steps, int64_t unfrozen_steps) {
+  void frozen_step(const std::vector<double>& g, double velocity, int64_t frozen_steps, int64_t adamw_steps) {
     std::vector<double>& updated = master ? master_p : p;
     reference::AdamWOptions no_decay = kReference;
     no_decay.weight_decay = 0;
@@ -300,8 +300,7 @@ struct TrainerReference {
         return std::vector<double>(x.begin() + begin, x.begin() + end);
       };
       std::vector<double> ps = slice(updated), ms = slice(m);
-      reference::adamw_frozen_variance_step(ps, slice(g), ms, slice(v), options, velocity, frozen_steps,
-                                            unfrozen_steps);
+      reference::adamw_frozen_variance_step(ps, slice(g), ms, slice(v), options, velocity, frozen_steps, adamw_steps);
       if (moved.empty()) moved.assign(p.size(), 0.0);
       for (size_t e = begin; e < end; ++e) moved[e] += std::fabs(ps[e - begin] - updated[e]);
       std::copy(ps.begin(), ps.end(), updated.begin() + begin);
@@ -557,8 +556,9 @@ INSTANTIATE_TEST_SUITE_P(Trainers, AdamWTrainerSkipTest,
                                   (std::get<1>(info.param) ? "_master" : "_no_master");
                          });
 
-// The frozen-variance step: three AdamW steps, four frozen ones (v must keep its bits, the bias
-// corrections count from the freeze), then an AdamW step again (step 8: the count went on).
+// The frozen-variance step: three AdamW steps, four frozen ones with a non-finite one among them
+// (skipped: nothing changes), an AdamW step again (its bias corrections count AdamW steps: step 4),
+// then a second freeze (its bias corrections from 4 AdamW steps). v keeps its bits while frozen.
 class AdamWTrainerFrozenVarianceTest : public ::testing::TestWithParam<std::tuple<DType, bool>> {};
 
 TEST_P(AdamWTrainerFrozenVarianceTest, MatchesFloat64Reference) {
@@ -572,27 +572,59 @@ TEST_P(AdamWTrainerFrozenVarianceTest, MatchesFloat64Reference) {
   const std::vector<size_t> at = element_offsets(trainer);
   TrainerReference ref = initialize(trainer, at, rng);
   const std::vector<double> p0 = ref.p;
-  EXPECT_THROW(trainer.step_frozen_variance(options(), velocity, static_cast<float>(loss_scale), nullptr),
-               std::logic_error);
+  const auto scale = static_cast<float>(loss_scale);
+  EXPECT_THROW(trainer.step_frozen_variance(options(), velocity, scale, nullptr), std::logic_error);
   for (int step = 1; step <= 3; ++step) {
     ref.step(upload_gradients(trainer, at, loss_scale, rng), step);
-    trainer.step(options(), static_cast<float>(loss_scale), nullptr);
+    trainer.step(options(), scale, nullptr);
   }
-  const size_t n = trainer.flat_elements();
+  const size_t n = trainer.flat_elements(), bytes = n * dtype_size(dtype);
   const std::vector<uint8_t> v_before = raw_bytes(trainer.exp_avg_sq(), n * 4);
   for (int frozen = 1; frozen <= 4; ++frozen) {
+    if (frozen == 3) {  // a non-finite gradient: the step is skipped and s does not advance
+      const std::vector<uint8_t> p_before = raw_bytes(trainer.parameters(), bytes);
+      upload_gradients(trainer, at, loss_scale, rng);
+      std::vector<double> bad = {INFINITY};
+      upload(static_cast<char*>(trainer.gradients()) + trainer.offset(4) * dtype_size(dtype), bad, dtype);
+      trainer.step_frozen_variance(options(), velocity, scale, nullptr);
+      EXPECT_EQ(trainer.step_count(nullptr), 5);
+      EXPECT_TRUE(raw_bytes(trainer.parameters(), bytes) == p_before) << "a skipped frozen step moved parameters";
+    }
     ref.frozen_step(upload_gradients(trainer, at, loss_scale, rng), velocity, frozen, 3);
-    trainer.step_frozen_variance(options(), velocity, static_cast<float>(loss_scale), nullptr);
+    trainer.step_frozen_variance(options(), velocity, scale, nullptr);
   }
   EXPECT_TRUE(raw_bytes(trainer.exp_avg_sq(), n * 4) == v_before) << "a frozen step wrote the second moment";
   EXPECT_EQ(trainer.step_count(nullptr), 7);
   expect_matches(trainer, ref, p0, at, 7);
-  ref.step(upload_gradients(trainer, at, loss_scale, rng), 8);
-  trainer.step(options(), static_cast<float>(loss_scale), nullptr);
-  EXPECT_EQ(trainer.step_count(nullptr), 8);
-  expect_matches(trainer, ref, p0, at, 8);
-  EXPECT_THROW(trainer.step_frozen_variance(options(), 1.0, static_cast<float>(loss_scale), nullptr),
-               std::invalid_argument);
+  ref.step(upload_gradients(trainer, at, loss_scale, rng), 4);
+  trainer.step(options(), scale, nullptr);
+  for (int frozen = 1; frozen <= 2; ++frozen) {
+    ref.frozen_step(upload_gradients(trainer, at, loss_scale, rng), velocity, frozen, 4);
+    trainer.step_frozen_variance(options(), velocity, scale, nullptr);
+  }
+  EXPECT_EQ(trainer.step_count(nullptr), 10);
+  expect_matches(trainer, ref, p0, at, 10);
+  EXPECT_THROW(trainer.step_frozen_variance(options(), 1.0, scale, nullptr), std::invalid_argument);
+}
+
+// Every AdamW step skipped (non-finite gradients): v is still zero, so a frozen step is skipped too
+// (it would divide by zero), instead of writing NaN into every parameter.
+TEST(AdamWTrainerFrozenVariance, IsSkippedWhileTheSecondMomentIsEmpty) {
+  FUSEKIT_REQUIRE_GPU();
+  std::mt19937_64 rng(std::random_device{}());
+  AdamWTrainer trainer(DType::f16, kSizes, true);
+  const std::vector<size_t> at = element_offsets(trainer);
+  initialize(trainer, at, rng);
+  const size_t bytes = trainer.flat_elements() * dtype_size(DType::f16);
+  const std::vector<uint8_t> before = raw_bytes(trainer.parameters(), bytes);
+  upload_gradients(trainer, at, 1024, rng);
+  std::vector<double> bad = {NAN};
+  upload(trainer.gradients(), bad, DType::f16);
+  trainer.step(options(), 1024.f, nullptr);  // skipped: no AdamW step taken
+  upload_gradients(trainer, at, 1024, rng);
+  trainer.step_frozen_variance(options(), 0.9, 1024.f, nullptr);
+  EXPECT_EQ(trainer.step_count(nullptr), 0);
+  EXPECT_TRUE(raw_bytes(trainer.parameters(), bytes) == before) << "a frozen step ran without a second moment";
 }
 
 INSTANTIATE_TEST_SUITE_P(Trainers, AdamWTrainerFrozenVarianceTest,
