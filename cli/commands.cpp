@@ -169,6 +169,7 @@ int bench_session(suites::Session& session, const BenchOptions& o, bool ops,
   } else {
     session.run_demo(options);
   }
+  suites::throw_if_interrupted();  // a signal after the last case too ends the run interrupted
   std::cout << reports::case_table_text(reports::load_case_results(session.store(), session.run()));
   std::cout << "run " << session.run() << " recorded in " << o.db << "\n";
   return session.finish();
@@ -187,12 +188,12 @@ int list_cases(const CasesOptions& o) {
 int trace(const TraceOptions& o) {
   if (o.command.empty())
     throw std::invalid_argument("no command to trace (usage: fusekit trace --db out.db -- cmd ...)");
+  const suites::InterruptScope interrupts;  // SIGINT, SIGTERM: passed on to the command, the run kept
 
   Store store = Store::open(o.db, Store::Mode::create);
   const profiler::Environment env = profiler::read_environment();
   const int64_t run = suites::begin_run(store, o.label, o.command, env);
 
-  const suites::InterruptScope interrupts;  // SIGINT, SIGTERM: passed on to the command, the run kept
   int exit_code = 0;
   try {
     exit_code = suites::run_recorded_command(o.db, run, o.command, o.flush_ms, true);
@@ -206,6 +207,7 @@ int trace(const TraceOptions& o) {
     throw;
   }
   const int signal = suites::interrupt_signal();
+  if (signal != 0) exit_code = 128 + signal;  // whatever the command made of the signal
   store.finish_run(run, signal != 0 ? "interrupted" : exit_code == 0 ? "ok" : "failed", exit_code);
   if (signal != 0) {
     std::fprintf(stderr, "fusekit: %s, passed on to the command: run %lld ends \"interrupted\"\n",

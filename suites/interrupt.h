@@ -5,7 +5,9 @@
 // signal killed fusekit alone: the run stayed "running", the peers' samples were never read in and
 // the child went on writing into the store.
 //
-// Only the first signal is caught (SA_RESETHAND): a second one terminates at once, as usual.
+// The first signal is caught; the same signal again within a second is ignored (timeout, and a
+// terminal's Ctrl-C, deliver it twice: to fusekit and to its process group); one after that
+// terminates at once, the child with SIGKILL, as a second Ctrl-C is meant to.
 #pragma once
 
 #include <sys/types.h>

@@ -62,10 +62,15 @@ int run_recorded_command(const std::string& db, int64_t run, const std::vector<s
   if (rc != 0) throw CommandNotStarted("cannot run '" + args.front() + "': " + std::strerror(rc));
   // A SIGINT or SIGTERM caught while it runs (suites/interrupt.h) is passed on to it.
   set_interrupt_child(child);
+  // Waited for without reaping, so that the pid cannot be reused while a signal may still be passed
+  // on to it; then forgotten, then reaped.
+  siginfo_t info;
+  while (waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOWAIT) < 0 && errno == EINTR) {
+  }
+  set_interrupt_child(0);
   int status = 0;
   while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
-  set_interrupt_child(0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 

@@ -3,6 +3,7 @@
 // turns into Interrupted between cases, and the handlers are restored afterwards. No GPU needed.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -56,6 +57,30 @@ TEST_F(InterruptTest, ASignalCaughtBeforeTheChildStartsStillStopsIt) {
   const Clock::time_point start = Clock::now();
   EXPECT_EQ(run_recorded_command("unused.db", 1, kSleeper, 1000, false), 128 + SIGINT);
   EXPECT_LT(seconds_since(start), 10.0);
+}
+
+// timeout and a terminal deliver a signal twice (to fusekit and to its process group): the repeat
+// within a second is ignored; a repeat after that terminates, as a second Ctrl-C should.
+TEST_F(InterruptTest, ARepeatWithinASecondIsIgnoredALaterOneTerminates) {
+  {
+    const InterruptScope scope;
+    raise(SIGTERM);
+    raise(SIGTERM);  // would terminate the test program if it were not ignored
+    EXPECT_EQ(interrupt_signal(), SIGTERM);
+  }
+  reset_interrupt_for_testing();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // a process of its own, which the second signal must end
+    const InterruptScope scope;
+    raise(SIGINT);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+    raise(SIGINT);
+    _exit(0);  // reached only if the second signal was swallowed
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << "status " << status;
 }
 
 TEST_F(InterruptTest, NothingCaughtNothingThrownAndHandlersRestored) {

@@ -1,6 +1,9 @@
-"""`fusekit trace` under SIGTERM (as `timeout` sends it): the signal goes on to the traced command,
-which does not outlive fusekit, and the run ends "interrupted" with exit code 143, not "running"."""
+"""`fusekit trace` under SIGTERM: the signal goes on to the traced command, which does not outlive
+fusekit, and the run ends "interrupted" with exit code 143, not "running". Sent to fusekit alone (as
+a job runner that kills the main process does) and by `timeout`, which signals fusekit and then its
+whole process group (so fusekit sees it twice)."""
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -10,25 +13,50 @@ import unittest
 FUSEKIT = os.environ.get("FUSEKIT_BINARY", "build/fusekit")
 
 
+def wait_for(path, seconds=20.0):
+    deadline = time.time() + seconds
+    while not os.path.exists(path):
+        if time.time() > deadline:
+            raise AssertionError(f"{path} never appeared")
+        time.sleep(0.05)
+
+
 class TraceInterruptTest(unittest.TestCase):
-    def test_sigterm_reaches_the_command_and_the_run_ends_interrupted(self):
-        with tempfile.TemporaryDirectory() as d:
-            db = os.path.join(d, "t.db")
-            marker = os.path.join(d, "outlived")
-            # The command would write the marker after 3 s, unless the signal reaches it.
-            p = subprocess.Popen([FUSEKIT, "trace", "--db", db, "--", "sh", "-c", f"sleep 3; touch {marker}"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 start_new_session=True)
-            time.sleep(0.5)
-            p.send_signal(signal.SIGTERM)  # to fusekit alone, as timeout does
-            _, err = p.communicate(timeout=20)
-            self.assertEqual(p.returncode, 128 + signal.SIGTERM, err)
-            self.assertIn('ends "interrupted"', err)
-            summary = subprocess.run([FUSEKIT, "summary", "--db", db], capture_output=True, text=True)
-            self.assertIn("status interrupted", summary.stdout)
-            # sh got SIGTERM; its sleep, if any, is left to finish, but the marker must never appear.
-            time.sleep(3.5)
-            self.assertFalse(os.path.exists(marker), "the traced command outlived fusekit")
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+        self.db = os.path.join(self.dir, "t.db")
+        self.started = os.path.join(self.dir, "started")
+        self.outlived = os.path.join(self.dir, "outlived")
+        # The command says it started, then would leave a mark after 3 s unless the signal reaches it.
+        self.command = ["sh", "-c", f"touch {self.started}; sleep 3; touch {self.outlived}"]
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def check_run(self, stderr):
+        self.assertIn('ends "interrupted"', stderr)
+        summary = subprocess.run([FUSEKIT, "summary", "--db", self.db], capture_output=True, text=True)
+        self.assertIn("status interrupted", summary.stdout)
+        # sh got the signal before its sleep ended; the mark must never appear.
+        time.sleep(3.5)
+        self.assertFalse(os.path.exists(self.outlived), "the traced command outlived fusekit")
+
+    def test_sigterm_to_fusekit_alone(self):
+        p = subprocess.Popen([FUSEKIT, "trace", "--db", self.db, "--", *self.command], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+        wait_for(self.started)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=20)
+        self.assertEqual(p.returncode, 128 + signal.SIGTERM, err)
+        self.check_run(err)
+
+    @unittest.skipUnless(shutil.which("timeout"), "no timeout program")
+    def test_timeout_signals_fusekit_and_its_group(self):
+        # timeout's own exit code is 124; it signals fusekit, then its process group.
+        p = subprocess.run(["timeout", "-s", "TERM", "1", FUSEKIT, "trace", "--db", self.db, "--", *self.command],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 124, p.stderr)
+        self.check_run(p.stderr)
 
 
 if __name__ == "__main__":
