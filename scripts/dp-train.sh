@@ -40,8 +40,14 @@ esac
 cd "$ROOT" || exit 1
 
 targets="fusekit-dp"
-[ "${FUSEKIT_DP_TRACE:-0}" = 1 ] && targets="fusekit-dp fusekit"
-if [ ! -x "$BUILD_DIR/fusekit-dp" ] || [ "${FUSEKIT_DP_REBUILD:-1}" = 1 ]; then
+needed=("$BUILD_DIR/fusekit-dp")
+if [ "${FUSEKIT_DP_TRACE:-0}" = 1 ]; then
+  targets="fusekit-dp fusekit"
+  needed+=("$BUILD_DIR/fusekit")
+fi
+missing=0
+for binary in "${needed[@]}"; do [ -x "$binary" ] || missing=1; done
+if [ $missing = 1 ] || [ "${FUSEKIT_DP_REBUILD:-1}" = 1 ]; then
   start=$SECONDS
   if ! FUSEKIT_TARGETS="$targets" bash scripts/setup.sh >"$OUT/build.log" 2>&1 || [ ! -x "$BUILD_DIR/fusekit-dp" ]; then
     grep -B2 -A12 -E "error|Error" "$OUT/build.log" | head -40
@@ -68,8 +74,10 @@ for spec in "$@"; do
     dense) program=("$BUILD_DIR/fusekit-dp" --exchange dense) ;;
     sparse) program=("$BUILD_DIR/fusekit-dp" --exchange sparse --density "$a" --collective "${b:-balanced}"
       --reselect "${c:-1}" --index-form "${d:-plain}") ;;
-    frozen) program=("$BUILD_DIR/fusekit-dp" --exchange sparse --density "$a" --dense-steps "${b:?dense steps}"
-      --frozen-variance --collective "${c:-balanced}" --reselect "${d:-1}" --index-form "${e:-plain}") ;;
+    frozen)
+      if [ -z "$b" ]; then echo "dp-train: '$spec' needs its dense steps (frozen:<density>:<steps>)" >&2; failed=1; continue; fi
+      program=("$BUILD_DIR/fusekit-dp" --exchange sparse --density "$a" --dense-steps "$b"
+        --frozen-variance --collective "${c:-balanced}" --reselect "${d:-1}" --index-form "${e:-plain}") ;;
     auto) program=("$BUILD_DIR/fusekit-dp" --exchange auto --density "$a" --collective "${b:-balanced}") ;;
     ddp) program=(scripts/peers/dp_bert_ddp.py --hook "$a") ;;
     *) echo "dp-train: unknown run '$spec'" >&2; failed=1; continue ;;

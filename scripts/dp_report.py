@@ -8,8 +8,9 @@ report, one CSV and one JSON file holding every record.
 A SOURCE is a directory of records, or a file this script wrote with --json (optionally .xz): each
 is a batch (the runs of one call on one machine, named by the directory or by the batch names the
 file holds), and runs are compared only within their batch, since timings of different machines or
-calls are not comparable. Per batch, transport and rank count, each run is set against the dense
-fusekit run of the same transport, ranks and step count: the step's speedup (dense median step over the run's) and the communication
+calls are not comparable. Per batch, model configuration, transport and rank count, each run is set against the dense
+fusekit run of the same configuration, transport and ranks (of the same step count where there is
+one): the step's speedup (dense median step over the run's) and the communication
 reduction (dense communication over the run's, fusekit runs only). Loss curves are compared on the
 runs with the same data (echo or not), learning-rate schedule and step count: the mean loss of the
 last 10 steps against dense's. Nothing is judged here that the records do not hold; a missing
@@ -86,8 +87,9 @@ def name(record):
 
 
 def group_key(record):
-    return (record["_batch"], transport(record), record.get("ranks"), len(record.get("steps", [])),
-            bool(record.get("echo", False)), record.get("lr_warmup", 0), record.get("lr"))
+    return (record["_batch"], record.get("config"), transport(record), record.get("ranks"),
+            len(record.get("steps", [])), bool(record.get("echo", False)), record.get("lr_warmup", 0),
+            record.get("lr"))
 
 
 def final_loss(record):
@@ -104,15 +106,18 @@ def rows_of(records):
     dense, dense_any, dense_elsewhere = {}, {}, {}
     for r in records:
         if r.get("exchange") == "dense":
+            if group_key(r) in dense:
+                sys.exit(f"dp_report: two dense runs of one group in batch {r['_batch']}: "
+                         f"{dense[group_key(r)]['_file']} and {r['_file']}")
             dense[group_key(r)] = r
-            dense_elsewhere[group_key(r)[1:]] = r
-            dense_any.setdefault((r["_batch"], transport(r), r.get("ranks")), r)
+            dense_elsewhere[group_key(r)[1:]] = r  # the last batch's, in the order the sources were given
+            dense_any.setdefault((r["_batch"], r.get("config"), transport(r), r.get("ranks")), r)
     rows = []
     for r in records:
         s = r.get("summary", {})
         d = dense.get(group_key(r))
         loss_dense = d or dense_elsewhere.get(group_key(r)[1:])
-        ds = (d or dense_any.get((r["_batch"], transport(r), r.get("ranks")), {})).get("summary", {})
+        ds = (d or dense_any.get((r["_batch"], r.get("config"), transport(r), r.get("ranks")), {})).get("summary", {})
         step = s.get("step_ms")
         comm = s.get("communication_ms")
         row = {

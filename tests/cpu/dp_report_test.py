@@ -37,7 +37,7 @@ def run(*args):
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True)
 
 
-class DpReportTest(unittest.TestCase):
+class DpReportBase(unittest.TestCase):
     def setUp(self):
         self.root = tempfile.mkdtemp()
         self.out = [os.path.join(self.root, n) for n in ("dp.md", "dp.csv", "dp.json")]
@@ -51,6 +51,8 @@ class DpReportTest(unittest.TestCase):
     def rows(self, md):
         return [line for line in md.splitlines() if line.startswith("| b") and not line.startswith("| batch")]
 
+
+class DpReportTest(DpReportBase):
     def test_times_stay_in_their_batch_and_losses_say_where_they_come_from(self):
         a = write_batch(self.root, "ba", [record("dense", 100.0, 90.0, [10.0] * 10),
                                           record("sparse", 20.0, 9.0, [10.5] * 10)])
@@ -88,6 +90,26 @@ class DpReportTest(unittest.TestCase):
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("batch 'ba' comes from both", result.stderr)
         self.assertEqual(len(result.stderr.strip().splitlines()), 1)
+
+
+class DpReportConfigTest(DpReportBase):
+    def test_each_model_against_its_own_dense_run_and_no_two_dense_runs_of_one_group(self):
+        tiny = {"config": "bert-tiny:b8:s128:fp16"}
+        base = {"config": "bert-base:b64:s128:fp16"}
+        a = write_batch(self.root, "ba", [record("dense", 100.0, 90.0, [10.0] * 10, extra=base),
+                                          record("sparse", 20.0, 9.0, [10.0] * 10, extra=base),
+                                          record("dense", 10.0, 8.0, [5.0] * 10, extra=tiny),
+                                          record("sparse", 5.0, 2.0, [5.5] * 10, extra=tiny)])
+        md = self.report(a)
+        sparse = sorted(r for r in self.rows(md) if "| sparse" in r)
+        self.assertEqual(len(sparse), 2)
+        self.assertTrue(any("| 5.00x | 10.0x |" in r and "+0.00%" in r for r in sparse), sparse)  # base
+        self.assertTrue(any("| 2.00x | 4.0x |" in r and "+10.00%" in r for r in sparse), sparse)  # tiny
+        b = write_batch(self.root, "bb", [record("dense", 100.0, 90.0, [10.0] * 10, extra=base),
+                                          record("dense", 90.0, 80.0, [10.0] * 10, extra=base)])
+        result = run(b, "--md", self.out[0], "--csv", self.out[1], "--json", self.out[2])
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("two dense runs of one group", result.stderr)
 
 
 if __name__ == "__main__":

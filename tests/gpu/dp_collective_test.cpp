@@ -819,7 +819,7 @@ TEST(DpGradientExchanger, DenseAndSparseSumTheRanksGradients) {
 // Frozen variance: a dense step first (gradients summed, velocity_factor() 0), then sparse steps
 // that exchange each rank's velocity u = 0.8 u + g, never masked: over the sparse steps, what
 // arrived plus every rank's residual equals the sum over ranks and steps of the velocities, to one
-// fp16 rounding of each arrival.
+// fp16 rounding of each arrival; with every sum applied and with re-selection keeping half.
 TEST(DpGradientExchanger, ExchangedVelocitiesAddUp) {
   FUSEKIT_REQUIRE_GPU();
   Communicator& c = communicator();
@@ -860,53 +860,63 @@ TEST(DpGradientExchanger, ExchangedVelocitiesAddUp) {
   options.momentum = kMomentum;
   DeviceArray<uint16_t> buffer(layout.elements);
   DeviceArray<float> residuals(layout.elements);
-  std::vector<double> arrived(layout.elements, 0.0), rounding(layout.elements, 0.0);
-  std::vector<float> residual_sum;
   const auto half_ulp = [](double x) { return std::max(std::ldexp(std::fabs(x), -11), std::ldexp(1.0, -25)); };
-  collectively("velocity exchange", [&] {
-    GradientExchanger exchanger(c, layout, options);
-    for (int t = 0; t <= kSparseSteps; ++t) {
-      buffer.upload(gradients_of(me, t));
-      models::FlatGradients g = layout;
-      g.data = buffer.get();
-      EXPECT_EQ(exchanger.exchange(g, c.stream()), static_cast<float>(ranks));
+  // With masking, u cleared where an entry was sent would leave that element's later velocity out
+  // of what is sent and of the residual: arrived + residuals would fall short of the velocities.
+  const auto check = [&](const ExchangerOptions& o, const char* what) {
+    SCOPED_TRACE(what);
+    std::vector<double> arrived(layout.elements, 0.0), rounding(layout.elements, 0.0);
+    std::vector<float> residual_sum;
+    collectively("velocity exchange", [&] {
+      GradientExchanger exchanger(c, layout, o);
+      for (int t = 0; t <= kSparseSteps; ++t) {
+        buffer.upload(gradients_of(me, t));
+        models::FlatGradients g = layout;
+        g.data = buffer.get();
+        EXPECT_EQ(exchanger.exchange(g, c.stream()), static_cast<float>(ranks));
+        FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(c.stream()));
+        const ExchangeRecord record = exchanger.last();
+        EXPECT_EQ(record.sparse, t > 0) << "step " << t;
+        EXPECT_EQ(exchanger.velocity_factor(), t > 0 ? kMomentum : 0.0) << "step " << t;
+        if (t == 0) continue;
+        for (size_t i = 0; const uint16_t bits : buffer.download(layout.elements)) {
+          const double x = wire_to_float(bits, WireValue::f16);
+          arrived[i] += x;
+          rounding[i] += half_ulp(x);
+          ++i;
+        }
+      }
+      FUSEKIT_CUDA_CHECK(cudaMemset(residuals.get(), 0, layout.elements * sizeof(float)));
+      FUSEKIT_CUDA_CHECK(cudaMemcpy(residuals.get(), exchanger.residual(),
+                                    exchanger.residual_elements() * sizeof(float), cudaMemcpyDeviceToDevice));
+      FUSEKIT_NCCL_CHECK(
+          ncclAllReduce(residuals.get(), residuals.get(), layout.elements, ncclFloat, ncclSum, c.comm(), c.stream()));
       FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(c.stream()));
-      const ExchangeRecord record = exchanger.last();
-      EXPECT_EQ(record.sparse, t > 0) << "step " << t;
-      EXPECT_EQ(exchanger.velocity_factor(), t > 0 ? kMomentum : 0.0) << "step " << t;
-      if (t == 0) continue;
-      for (size_t i = 0; const uint16_t bits : buffer.download(layout.elements)) {
-        const double x = wire_to_float(bits, WireValue::f16);
-        arrived[i] += x;
-        rounding[i] += half_ulp(x);
-        ++i;
+      residual_sum = residuals.download(layout.elements);
+      return 0;
+    });
+    size_t bad = 0, sent = 0;
+    for (const auto& t : layout.tensors) {
+      for (uint64_t i = t.offset; i < t.offset + t.size; ++i) {
+        const double error = std::fabs(arrived[i] + residual_sum[i] - velocity_sum[i]);
+        if (error > rounding[i] + 1e-5 * (magnitude[i] + 1.0)) {
+          if (bad < 5)
+            ADD_FAILURE() << "element " << i << ": arrived " << arrived[i] << " + residuals " << residual_sum[i]
+                          << ", velocities summed " << velocity_sum[i];
+          ++bad;
+        }
+        sent += arrived[i] != 0.0;
       }
     }
-    FUSEKIT_CUDA_CHECK(cudaMemset(residuals.get(), 0, layout.elements * sizeof(float)));
-    FUSEKIT_CUDA_CHECK(cudaMemcpy(residuals.get(), exchanger.residual(), exchanger.residual_elements() * sizeof(float),
-                                  cudaMemcpyDeviceToDevice));
-    FUSEKIT_NCCL_CHECK(
-        ncclAllReduce(residuals.get(), residuals.get(), layout.elements, ncclFloat, ncclSum, c.comm(), c.stream()));
-    FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(c.stream()));
-    residual_sum = residuals.download(layout.elements);
-    return 0;
-  });
-  size_t bad = 0, sent = 0;
-  for (const auto& t : layout.tensors) {
-    for (uint64_t i = t.offset; i < t.offset + t.size; ++i) {
-      const double error = std::fabs(arrived[i] + residual_sum[i] - velocity_sum[i]);
-      if (error > rounding[i] + 1e-5 * (magnitude[i] + 1.0)) {
-        if (bad < 5)
-          ADD_FAILURE() << "element " << i << ": arrived " << arrived[i] << " + residuals " << residual_sum[i]
-                        << ", velocities summed " << velocity_sum[i];
-        ++bad;
-      }
-      sent += arrived[i] != 0.0;
-    }
-  }
-  EXPECT_EQ(bad, 0u);
-  // Masked velocities would leave a sent element's later velocity out; unmasked, entries keep coming.
-  EXPECT_GE(sent, static_cast<size_t>(0.8 * 0.05 * 130008));
+    EXPECT_EQ(bad, 0u);
+    EXPECT_GE(sent, static_cast<size_t>(0.8 * 0.05 * 130008)) << "a sanity bound: one step's selection arrived";
+  };
+  check(options, "every sum applied");
+  // Re-selection: half of each slice's sums applied, the rest back into the senders' residuals, their
+  // velocities unmasked too.
+  ExchangerOptions half = options;
+  half.reselect = 0.5;
+  check(half, "half of each slice's sums applied");
   ExchangerOptions no_dense_step = options;
   no_dense_step.dense_steps = 0;
   EXPECT_THROW(GradientExchanger(c, layout, no_dense_step), std::invalid_argument);

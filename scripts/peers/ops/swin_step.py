@@ -113,10 +113,22 @@ def make_case(case):
         def step(s):
             model, optimizer, scaler = run["model"], run["optimizer"], run["scaler"]
             nvtx = torch.cuda.nvtx
+            nvtx.range_push("swin.step")
             if fp32:  # TF32 off for this step only: the other variants run under PyTorch's defaults
                 tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
                 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-            nvtx.range_push("swin.step")
+                try:
+                    run_step(s, model, optimizer, scaler, nvtx)
+                finally:
+                    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+            else:
+                run_step(s, model, optimizer, scaler, nvtx)
+            nvtx.range_pop()
+            run["steps"] += 1
+            if run["steps"] == 1 and run["variant"].endswith("compile"):
+                run["graphs"] = graphs_compiled()
+
+        def run_step(s, model, optimizer, scaler, nvtx):
             with torch.enable_grad():
                 optimizer.zero_grad(set_to_none=True)
                 nvtx.range_push("swin.forward")
@@ -132,12 +144,6 @@ def make_case(case):
                     scaler.step(optimizer)
                     scaler.update()
                 nvtx.range_pop()
-            nvtx.range_pop()
-            if fp32:
-                torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
-            run["steps"] += 1
-            if run["steps"] == 1 and run["variant"].endswith("compile"):
-                run["graphs"] = graphs_compiled()
 
         return step
 
@@ -151,6 +157,7 @@ def make_case(case):
         torch.cuda.synchronize()
         return {"peak_memory_bytes": torch.cuda.max_memory_reserved()}
 
-    extra = ("eager-fp32",) + (("fusekit", "fusekit-compile") if fusekit_torch() is not None else ())
+    # eager-fp32 last: the largest footprint, so that running out of memory there costs no other variant.
+    extra = (("fusekit", "fusekit-compile") if fusekit_torch() is not None else ()) + ("eager-fp32",)
     return PeerCase(case.name, SETS, make_step, function, False, release=release, metrics=metrics,
                     extra_variants=extra)
