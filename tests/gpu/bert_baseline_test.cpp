@@ -27,12 +27,12 @@
 
 #include "baselines/models/bert_baseline.h"
 #include "gpu_test_support.h"
-#include "test_stream.h"
 #include "models/bert_checkpoint.h"
 #include "models/bert_parameters.h"
 #include "models/mlm_data.h"
 #include "models/safetensors.h"
 #include "posix_files.h"
+#include "test_stream.h"
 
 namespace fusekit {
 namespace {

@@ -20,12 +20,12 @@
 
 #include "baselines/models/swin_baseline.h"
 #include "gpu_test_support.h"
-#include "test_stream.h"
 #include "models/safetensors.h"
 #include "models/swin_fused.h"
 #include "models/swin_init.h"
 #include "posix_files.h"
 #include "swin_test_support.h"
+#include "test_stream.h"
 
 namespace fusekit::baselines {
 namespace {
