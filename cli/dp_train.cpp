@@ -21,12 +21,14 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "dp/communicator.h"
 #include "dp/gradient_exchanger.h"
 #include "dp/nccl_check.h"
+#include "dp/rendezvous.h"
 #include "kernels/cuda_check.h"
 #include "models/bert_config.h"
 #include "models/bert_fused.h"
@@ -52,6 +54,7 @@ struct Options {
   std::string index_form = "plain";
   int64_t dense_steps = 0;
   bool frozen_variance = false;
+  int model_hosts = 1;
   int probe_steps = 5;
   int steps = 300;
   int pool = 32;
@@ -110,8 +113,24 @@ const char* env_or(const char* name, const char* fallback) {
   return v ? v : fallback;
 }
 
+// Models `hosts` hosts on one machine: consecutive groups of ranks get their own NCCL_HOSTID (what
+// NCCL hashes as the host's identity), so NCCL connects ranks of a group over NVLink or shared
+// memory and ranks of different groups over its network transport (NCCL_NET=Socket: sockets), as
+// between hosts. Set before the communicator exists; NCCL reads it at initialization.
+void model_hosts(const dp::LaunchEnvironment& launch, int hosts) {
+  if (hosts <= 1) return;
+  if (launch.world_size % hosts != 0) {
+    throw std::invalid_argument("--model-hosts " + std::to_string(hosts) + " does not divide " +
+                                std::to_string(launch.world_size) + " ranks");
+  }
+  const int host = launch.rank / (launch.world_size / hosts);
+  setenv("NCCL_HOSTID", ("fusekit-model-host-" + std::to_string(host)).c_str(), 1);
+}
+
 int run(const Options& o) {
-  dp::Communicator comm;
+  const dp::LaunchEnvironment launch = dp::read_launch_environment();
+  model_hosts(launch, o.model_hosts);
+  dp::Communicator comm(launch);
   const int P = comm.size(), rank = comm.rank();
   const models::BertConfig config = models::parse_bert_config(o.model + ":b" + std::to_string(o.batch) + ":s" +
                                                               std::to_string(o.sequence) + ":" + o.dtype);
@@ -156,9 +175,10 @@ int run(const Options& o) {
   if (rank == 0) {
     std::printf(
         "fusekit-dp: %d ranks (%s), %s, %.1fM gradients (%.0f MB), exchange %s, NCCL_P2P_DISABLE=%s "
-        "NCCL_SHM_DISABLE=%s\n",
+        "NCCL_SHM_DISABLE=%s, %d model host(s), NCCL_NET=%s\n",
         P, comm.launch().launcher.c_str(), config.spec().c_str(), flat.elements / 1e6, dense_bytes / 1e6,
-        exchanger.decision().c_str(), env_or("NCCL_P2P_DISABLE", "unset"), env_or("NCCL_SHM_DISABLE", "unset"));
+        exchanger.decision().c_str(), env_or("NCCL_P2P_DISABLE", "unset"), env_or("NCCL_SHM_DISABLE", "unset"),
+        o.model_hosts, env_or("NCCL_NET", "unset"));
     std::fflush(stdout);
   }
 
@@ -271,12 +291,13 @@ int run(const Options& o) {
         << "\",\n  \"density\": " << o.density << ",\n  \"warmup_steps\": " << o.warmup_steps
         << ",\n  \"momentum\": " << x.momentum << ",\n  \"reselect\": " << o.reselect << ",\n  \"index_form\": \""
         << o.index_form << "\",\n  \"dense_steps\": " << o.dense_steps
-        << ",\n  \"frozen_variance\": " << (o.frozen_variance ? "true" : "false") << ",\n  \"lr\": " << o.lr
-        << ",\n  \"lr_warmup\": " << o.lr_warmup << ",\n  \"echo\": " << (o.echo ? "true" : "false")
-        << ",\n  \"pool\": " << o.pool << ",\n  \"decision\": \"" << exchanger.decision()
-        << "\",\n  \"nccl_p2p_disable\": \"" << env_or("NCCL_P2P_DISABLE", "") << "\",\n  \"nccl_shm_disable\": \""
-        << env_or("NCCL_SHM_DISABLE", "") << "\",\n  \"gradient_elements\": " << flat.elements
-        << ",\n  \"skip\": " << first_median;
+        << ",\n  \"frozen_variance\": " << (o.frozen_variance ? "true" : "false")
+        << ",\n  \"model_hosts\": " << o.model_hosts << ",\n  \"nccl_net\": \"" << env_or("NCCL_NET", "") << "\""
+        << ",\n  \"lr\": " << o.lr << ",\n  \"lr_warmup\": " << o.lr_warmup
+        << ",\n  \"echo\": " << (o.echo ? "true" : "false") << ",\n  \"pool\": " << o.pool << ",\n  \"decision\": \""
+        << exchanger.decision() << "\",\n  \"nccl_p2p_disable\": \"" << env_or("NCCL_P2P_DISABLE", "")
+        << "\",\n  \"nccl_shm_disable\": \"" << env_or("NCCL_SHM_DISABLE", "")
+        << "\",\n  \"gradient_elements\": " << flat.elements << ",\n  \"skip\": " << first_median;
       std::snprintf(buf, sizeof buf,
                     ",\n  \"summary\": {\"step_ms\": %.4f, \"slowest_rank_step_ms\": %.4f, \"compute_ms\": %.4f, "
                     "\"selection_ms\": %.4f, \"communication_ms\": %.4f, \"narrow_ms\": %.4f, \"bytes_per_rank_mean\": "
@@ -351,6 +372,11 @@ int main(int argc, char** argv) {
   app.add_flag("--frozen-variance", o.frozen_variance,
                "Sparse, after --dense-steps: exchange each rank's AdamW velocity by top-k with error feedback and "
                "step with AdamW's second moment frozen (1-bit Adam's recipe; dp/gradient_exchanger.h says why)");
+  app.add_option("--model-hosts", o.model_hosts,
+                 "Model this many hosts: consecutive groups of ranks get their own NCCL_HOSTID, so NCCL uses "
+                 "its network transport between groups (NCCL_NET=Socket for sockets) and NVLink inside them")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   app.add_option("--probe-steps", o.probe_steps, "auto: steps that time both exchanges")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();

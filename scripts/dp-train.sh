@@ -3,8 +3,10 @@
 # on RANKS GPUs over one transport, one process per GPU (torchrun --no-python, else mpirun), and
 # prints each run's summary. Each run's JSON record lands in $OUT as <transport>-<ranks>-<run>.json.
 #   bash scripts/dp-train.sh RANKS TRANSPORT STEPS RUN...
-#     TRANSPORT  nvlink (NCCL's default: NVLink/P2P and shared memory inside the host) or socket
-#                (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1: the network path, as between hosts)
+#     TRANSPORT  nvlink (NCCL's default: NVLink/P2P and shared memory inside the host), socket
+#                (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1: the network path, as between hosts), or
+#                hosts:<H> (H hosts modelled: consecutive groups of ranks with their own NCCL_HOSTID,
+#                NVLink inside a group, NCCL_NET=Socket between groups; fusekit-dp --model-hosts H)
 #     RUN        dense | sparse:<density>[:<collective>[:<keep>[:<index form>]]] | auto:<density> |
 #                frozen:<density>:<dense steps>[:<collective>[:<keep>[:<index form>]]] |
 #                ddp:<hook> (the PyTorch peer scripts/peers/dp_bert_ddp.py: none, fp16 or powersgd);
@@ -32,10 +34,16 @@ mkdir -p "$OUT"
 export BUILD_DIR="${BUILD_DIR:-$ROOT/build-device}"
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 timeout_s="${FUSEKIT_DP_TIMEOUT:-300}"
+hosts_args=()
 case "$transport" in
   nvlink) unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE ;;
   socket) export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 ;;
-  *) echo "dp-train: transport must be nvlink or socket, not '$transport'" >&2; exit 2 ;;
+  hosts:[0-9]*)
+    unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE
+    export NCCL_NET=Socket
+    hosts_args=(--model-hosts "${transport#hosts:}")
+    transport="hosts${transport#hosts:}" ;;  # in file names
+  *) echo "dp-train: transport must be nvlink, socket or hosts:<H>, not '$transport'" >&2; exit 2 ;;
 esac
 cd "$ROOT" || exit 1
 
@@ -70,6 +78,7 @@ for spec in "$@"; do
   name="$transport-$ranks-${spec//:/-}${FUSEKIT_DP_TAG:+-$FUSEKIT_DP_TAG}"
   json="$OUT/$name.json"
   args=(--steps "$steps" --json "$json" --label "$name")
+  [ "$kind" = ddp ] || args+=("${hosts_args[@]}")
   case "$kind" in
     dense) program=("$BUILD_DIR/fusekit-dp" --exchange dense) ;;
     sparse) program=("$BUILD_DIR/fusekit-dp" --exchange sparse --density "$a" --collective "${b:-balanced}"
@@ -84,6 +93,7 @@ for spec in "$@"; do
   esac
   if [ "$kind" = ddp ]; then
     [ ${#launch[@]} -gt 0 ] || { echo "dp-train: $spec needs torchrun"; failed=1; continue; }
+    [ ${#hosts_args[@]} = 0 ] || { echo "dp-train: $spec does not model hosts; run it over nvlink or socket"; failed=1; continue; }
     command=("${launch[@]}" "${program[@]}" "${args[@]}")
   else
     # shellcheck disable=SC2206

@@ -61,6 +61,8 @@ def load(source):
 def transport(record):
     if record.get("transport"):
         return record["transport"]
+    if record.get("model_hosts", 1) > 1:  # NVLink inside each modelled host, NCCL's network between
+        return f"{record['model_hosts']} hosts, {(record.get('nccl_net') or 'default net').lower()}"
     return "socket" if record.get("nccl_p2p_disable") == "1" else "nvlink"
 
 

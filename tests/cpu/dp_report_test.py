@@ -105,6 +105,15 @@ class DpReportConfigTest(DpReportBase):
         self.assertEqual(len(sparse), 2)
         self.assertTrue(any("| 5.00x | 10.0x |" in r and "+0.00%" in r for r in sparse), sparse)  # base
         self.assertTrue(any("| 2.00x | 4.0x |" in r and "+10.00%" in r for r in sparse), sparse)  # tiny
+        # Modelled hosts are a link of their own: compared with their own dense run, not the socket one.
+        hosts = dict(base, model_hosts=2, nccl_net="Socket", nccl_p2p_disable="")
+        c = write_batch(self.root, "bc", [record("dense", 100.0, 90.0, [10.0] * 10, extra=base),
+                                          record("dense", 60.0, 50.0, [10.0] * 10, extra=hosts),
+                                          record("sparse", 20.0, 10.0, [10.0] * 10, extra=hosts)])
+        md = self.report(c)
+        modelled = [r for r in self.rows(md) if "| 2 hosts, socket |" in r and "| sparse" in r]
+        self.assertEqual(len(modelled), 1, md)
+        self.assertIn("| 3.00x | 5.0x |", modelled[0])
         b = write_batch(self.root, "bb", [record("dense", 100.0, 90.0, [10.0] * 10, extra=base),
                                           record("dense", 90.0, 80.0, [10.0] * 10, extra=base)])
         result = run(b, "--md", self.out[0], "--csv", self.out[1], "--json", self.out[2])
