@@ -64,7 +64,9 @@ struct Coefficients {
 };
 
 // In double, as PyTorch computes the bias corrections from its double hyperparameters.
-__host__ __device__ inline Coefficients make_coefficients(const AdamWOptions& o, int64_t step) {
+// m's bias correction counts `step` (all steps: frozen ones write m too), v's `v_step` (the AdamW
+// steps, the updates v had); they differ only once a trainer has taken frozen-variance steps.
+__host__ __device__ inline Coefficients make_coefficients(const AdamWOptions& o, int64_t step, int64_t v_step) {
   Coefficients c;
   c.beta1 = static_cast<float>(o.beta1);
   c.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
@@ -73,10 +75,14 @@ __host__ __device__ inline Coefficients make_coefficients(const AdamWOptions& o,
   c.eps = static_cast<float>(o.eps);
   c.decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
   c.step_size = static_cast<float>(o.lr / (1.0 - pow(o.beta1, static_cast<double>(step))));
-  c.bias_correction2_sqrt = static_cast<float>(sqrt(1.0 - pow(o.beta2, static_cast<double>(step))));
+  c.bias_correction2_sqrt = static_cast<float>(sqrt(1.0 - pow(o.beta2, static_cast<double>(v_step))));
   c.velocity_correction = 1.f;
   c.frozen = 0;
   return c;
+}
+
+__host__ __device__ inline Coefficients make_coefficients(const AdamWOptions& o, int64_t step) {
+  return make_coefficients(o, step, step);
 }
 
 // The frozen-variance step's scalars: `frozen_steps` steps since the freeze (this one included),
@@ -177,8 +183,7 @@ __global__ void __launch_bounds__(kThreads)
     state->steps[0] = taken;
     state->adamw_steps[0] = adamw;
     if (velocity < 0) {
-      state->frozen_at = 0;
-      state->coefficients = make_coefficients(options, adamw + 1);
+      state->coefficients = make_coefficients(options, taken + 1, adamw + 1);  // frozen_at: by the update
     } else {
       if (state->frozen_at == 0) state->frozen_at = taken + 1;
       const int64_t before = state->frozen_at - 1;
@@ -232,6 +237,7 @@ __global__ void __launch_bounds__(kThreads)
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     state->steps[1] = state->steps[0] + (skip ? 0 : 1);
     state->adamw_steps[1] = state->adamw_steps[0] + (skip || c.frozen ? 0 : 1);
+    if (!skip && !c.frozen) state->frozen_at = 0;  // an AdamW step taken unfreezes (a skipped one does not)
   }
   if (skip) return;
 

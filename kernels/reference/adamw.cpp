@@ -7,8 +7,13 @@ namespace fusekit::reference {
 
 void adamw_step(std::vector<double>& param, const std::vector<double>& grad, std::vector<double>& exp_avg,
                 std::vector<double>& exp_avg_sq, const AdamWOptions& o, int64_t step) {
+  adamw_step(param, grad, exp_avg, exp_avg_sq, o, step, step);
+}
+
+void adamw_step(std::vector<double>& param, const std::vector<double>& grad, std::vector<double>& exp_avg,
+                std::vector<double>& exp_avg_sq, const AdamWOptions& o, int64_t step, int64_t v_step) {
   const double bias_correction1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
-  const double bias_correction2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
+  const double bias_correction2 = 1.0 - std::pow(o.beta2, static_cast<double>(v_step));
   const double step_size = o.lr / bias_correction1;
   const double bias_correction2_sqrt = std::sqrt(bias_correction2);
   for (size_t i = 0; i < param.size(); ++i) {

@@ -19,6 +19,10 @@ struct AdamWOptions {
 // One step on every element, in place; `step` counts the steps taken, this one included (>= 1).
 void adamw_step(std::vector<double>& param, const std::vector<double>& grad, std::vector<double>& exp_avg,
                 std::vector<double>& exp_avg_sq, const AdamWOptions& options, int64_t step);
+// The same with v's bias correction counting `v_step` (the AdamW steps of a trainer that also took
+// frozen-variance steps, kernels/adamw.h), m's counting `step`.
+void adamw_step(std::vector<double>& param, const std::vector<double>& grad, std::vector<double>& exp_avg,
+                std::vector<double>& exp_avg_sq, const AdamWOptions& options, int64_t step, int64_t v_step);
 
 // One frozen-variance step (kernels/adamw.h's AdamWTrainer::step_frozen_variance): `increment` is
 // the velocity's, exp_avg_sq is read only; frozen_steps counts the steps since the freeze, this one

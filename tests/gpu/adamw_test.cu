@@ -254,10 +254,10 @@ INSTANTIATE_TEST_SUITE_P(Steps, AdamWTensorListTest, ::testing::Values(1, 2, 10)
 // One reference step on elements [begin, end) of the concatenated tensors.
 void reference_step(std::vector<double>& p, const std::vector<double>& g, std::vector<double>& m,
                     std::vector<double>& v, size_t begin, size_t end, const reference::AdamWOptions& options,
-                    int64_t step) {
+                    int64_t step, int64_t v_step) {
   auto slice = [&](const std::vector<double>& x) { return std::vector<double>(x.begin() + begin, x.begin() + end); };
   std::vector<double> ps = slice(p), ms = slice(m), vs = slice(v);
-  reference::adamw_step(ps, slice(g), ms, vs, options, step);
+  reference::adamw_step(ps, slice(g), ms, vs, options, step, v_step);
   std::copy(ps.begin(), ps.end(), p.begin() + begin);
   std::copy(ms.begin(), ms.end(), m.begin() + begin);
   std::copy(vs.begin(), vs.end(), v.begin() + begin);
@@ -270,16 +270,19 @@ struct TrainerReference {
   std::vector<double> p, master_p, m, v, magnitude;
   std::vector<double> peak;  // the largest |p| so far: a one-ulp divergence there lives on as |p| shrinks
   size_t decayed;            // elements of the tensors that take weight decay, the first ones
-  // The frozen-variance steps' |change| of each parameter, summed: their updates are not bounded by
-  // lr as AdamW's are (m / sqrt(v) with v frozen), so float's relative error is of this size.
+  // The frozen-variance steps' |change| of each parameter, summed: float's relative error is of the
+  // size of the updates, which are up to lr each (m^ / max(sqrt(v^), |m^|)).
   std::vector<double> moved = {};
 
-  void step(const std::vector<double>& g, int64_t step) {
+  // An AdamW step; `v_step` (default: `step`) counts the AdamW steps for v's bias correction, `step`
+  // all steps for m's (they differ after frozen-variance steps).
+  void step(const std::vector<double>& g, int64_t step, int64_t v_step = 0) {
     std::vector<double>& updated = master ? master_p : p;
     reference::AdamWOptions no_decay = kReference;
     no_decay.weight_decay = 0;
-    reference_step(updated, g, m, v, 0, decayed, kReference, step);
-    reference_step(updated, g, m, v, decayed, p.size(), no_decay, step);
+    if (v_step == 0) v_step = step;
+    reference_step(updated, g, m, v, 0, decayed, kReference, step, v_step);
+    reference_step(updated, g, m, v, decayed, p.size(), no_decay, step, v_step);
     for (size_t e = 0; e < p.size(); ++e) {
       if (master) master_p[e] = round_to(master_p[e], DType::f32);
       p[e] = round_to(updated[e], dtype);
@@ -557,8 +560,8 @@ INSTANTIATE_TEST_SUITE_P(Trainers, AdamWTrainerSkipTest,
                          });
 
 // The frozen-variance step: three AdamW steps, four frozen ones with a non-finite one among them
-// (skipped: nothing changes), an AdamW step again (its bias corrections count AdamW steps: step 4),
-// then a second freeze (its bias corrections from 4 AdamW steps). v keeps its bits while frozen.
+// (skipped: nothing changes), an AdamW step again (m's bias correction counts every step, 8; v's the
+// AdamW steps, 4), then a second freeze (from 4 AdamW steps). v keeps its bits while frozen.
 class AdamWTrainerFrozenVarianceTest : public ::testing::TestWithParam<std::tuple<DType, bool>> {};
 
 TEST_P(AdamWTrainerFrozenVarianceTest, MatchesFloat64Reference) {
@@ -596,7 +599,7 @@ TEST_P(AdamWTrainerFrozenVarianceTest, MatchesFloat64Reference) {
   EXPECT_TRUE(raw_bytes(trainer.exp_avg_sq(), n * 4) == v_before) << "a frozen step wrote the second moment";
   EXPECT_EQ(trainer.step_count(nullptr), 7);
   expect_matches(trainer, ref, p0, at, 7);
-  ref.step(upload_gradients(trainer, at, loss_scale, rng), 4);
+  ref.step(upload_gradients(trainer, at, loss_scale, rng), 8, 4);
   trainer.step(options(), scale, nullptr);
   for (int frozen = 1; frozen <= 2; ++frozen) {
     ref.frozen_step(upload_gradients(trainer, at, loss_scale, rng), velocity, frozen, 4);
@@ -615,8 +618,10 @@ TEST(AdamWTrainerFrozenVariance, IsSkippedWhileTheSecondMomentIsEmpty) {
   AdamWTrainer trainer(DType::f16, kSizes, true);
   const std::vector<size_t> at = element_offsets(trainer);
   initialize(trainer, at, rng);
-  const size_t bytes = trainer.flat_elements() * dtype_size(DType::f16);
-  const std::vector<uint8_t> before = raw_bytes(trainer.parameters(), bytes);
+  const size_t n = trainer.flat_elements(), bytes = n * dtype_size(DType::f16);
+  const std::vector<uint8_t> before = raw_bytes(trainer.parameters(), bytes),
+                             master_before = raw_bytes(trainer.master(), n * 4),
+                             m_before = raw_bytes(trainer.exp_avg(), n * 4);
   upload_gradients(trainer, at, 1024, rng);
   std::vector<double> bad = {NAN};
   upload(trainer.gradients(), bad, DType::f16);
@@ -625,6 +630,8 @@ TEST(AdamWTrainerFrozenVariance, IsSkippedWhileTheSecondMomentIsEmpty) {
   trainer.step_frozen_variance(options(), 0.9, 1024.f, nullptr);
   EXPECT_EQ(trainer.step_count(nullptr), 0);
   EXPECT_TRUE(raw_bytes(trainer.parameters(), bytes) == before) << "a frozen step ran without a second moment";
+  EXPECT_TRUE(raw_bytes(trainer.master(), n * 4) == master_before) << "the master weights moved";
+  EXPECT_TRUE(raw_bytes(trainer.exp_avg(), n * 4) == m_before) << "exp_avg was written";
 }
 
 INSTANTIATE_TEST_SUITE_P(Trainers, AdamWTrainerFrozenVarianceTest,
