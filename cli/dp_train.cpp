@@ -11,6 +11,7 @@
 // the JSON record (every step's loss averaged over the ranks, phase times, bytes; the summary's
 // medians skip the first --skip steps). Exit codes: 0 done, 1 a failure, 2 a usage error.
 #include <cuda_runtime.h>
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -124,7 +125,10 @@ void model_hosts(const dp::LaunchEnvironment& launch, int hosts) {
                                 std::to_string(launch.world_size) + " ranks");
   }
   const int host = launch.rank / (launch.world_size / hosts);
-  setenv("NCCL_HOSTID", ("fusekit-model-host-" + std::to_string(host)).c_str(), 1);
+  // The real host's name first: across machines, groups of different machines stay apart.
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  setenv("NCCL_HOSTID", (std::string(name) + "-fusekit-model-host-" + std::to_string(host)).c_str(), 1);
 }
 
 int run(const Options& o) {

@@ -24,7 +24,7 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [ $# -lt 4 ]; then
-  echo "usage: bash scripts/dp-train.sh RANKS nvlink|socket STEPS RUN... (RUN: dense, sparse:0.01, auto:0.01, ddp:powersgd)" >&2
+  echo "usage: bash scripts/dp-train.sh RANKS nvlink|socket|hosts:H STEPS RUN... (RUN: dense, sparse:0.01, auto:0.01, ddp:powersgd)" >&2
   exit 2
 fi
 ranks=$1 transport=$2 steps=$3
@@ -38,7 +38,11 @@ hosts_args=()
 case "$transport" in
   nvlink) unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE ;;
   socket) export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 ;;
-  hosts:[0-9]*)
+  hosts:*)
+    if ! [[ $transport =~ ^hosts:([2-9]|[1-9][0-9]+)$ ]]; then
+      echo "dp-train: hosts:<H> needs H >= 2, not '$transport'" >&2
+      exit 2
+    fi
     unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE
     export NCCL_NET=Socket
     hosts_args=(--model-hosts "${transport#hosts:}")

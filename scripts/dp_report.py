@@ -105,12 +105,14 @@ def rows_of(records):
     # against that group's dense run, else any dense fusekit run of the same transport and ranks.
     # A batch without a dense run of the group compares its losses with another batch's (the loss is
     # arithmetic, not timing); step times never leave their batch.
-    dense, dense_any, dense_elsewhere = {}, {}, {}
+    dense, dense_any, dense_elsewhere, ambiguous = {}, {}, {}, set()
     for r in records:
         if r.get("exchange") == "dense":
-            if group_key(r) in dense:
-                sys.exit(f"dp_report: two dense runs of one group in batch {r['_batch']}: "
-                         f"{dense[group_key(r)]['_file']} and {r['_file']}")
+            if group_key(r) in dense:  # e.g. runs that differ by an option the key does not hold
+                print(f"dp_report: warning: two dense runs of one group in batch {r['_batch']} "
+                      f"({dense[group_key(r)]['_file']}, {r['_file']}): that group's ratios are left empty; "
+                      f"put such runs in batches of their own", file=sys.stderr)
+                ambiguous.add(group_key(r))
             dense[group_key(r)] = r
             dense_elsewhere[group_key(r)[1:]] = r  # the last batch's, in the order the sources were given
             dense_any.setdefault((r["_batch"], r.get("config"), transport(r), r.get("ranks")), r)
@@ -120,6 +122,8 @@ def rows_of(records):
         d = dense.get(group_key(r))
         loss_dense = d or dense_elsewhere.get(group_key(r)[1:])
         ds = (d or dense_any.get((r["_batch"], r.get("config"), transport(r), r.get("ranks")), {})).get("summary", {})
+        if group_key(r) in ambiguous:
+            loss_dense, ds = None, {}
         step = s.get("step_ms")
         comm = s.get("communication_ms")
         row = {

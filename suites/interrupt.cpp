@@ -29,8 +29,8 @@ uint32_t now_ms() {
 extern "C" void on_interrupt(int signal) {
   const int saved_errno = errno;
   if (g_signal == 0) {
+    g_first_ms = static_cast<sig_atomic_t>(now_ms());  // modular (C++20); before g_signal says it is set
     g_signal = signal;
-    g_first_ms = static_cast<sig_atomic_t>(now_ms());  // modular (C++20)
     const pid_t child = static_cast<pid_t>(g_child);
     if (child > 0) kill(child, signal);
   } else if (now_ms() - static_cast<uint32_t>(g_first_ms) > 1000u) {

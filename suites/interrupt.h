@@ -5,8 +5,8 @@
 // signal killed fusekit alone: the run stayed "running", the peers' samples were never read in and
 // the child went on writing into the store.
 //
-// The first signal is caught; the same signal again within a second is ignored (timeout, and a
-// terminal's Ctrl-C, deliver it twice: to fusekit and to its process group); one after that
+// The first signal is caught; another (either of the two) within a second is ignored (timeout, and a
+// terminal's Ctrl-C, deliver one twice: to fusekit and to its process group); one after that
 // terminates at once, the child with SIGKILL, as a second Ctrl-C is meant to.
 #pragma once
 

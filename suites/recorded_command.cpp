@@ -64,12 +64,16 @@ int run_recorded_command(const std::string& db, int64_t run, const std::vector<s
   set_interrupt_child(child);
   // Waited for without reaping, so that the pid cannot be reused while a signal may still be passed
   // on to it; then forgotten, then reaped.
-  siginfo_t info;
+  siginfo_t info{};
   while (waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOWAIT) < 0 && errno == EINTR) {
   }
   set_interrupt_child(0);
   int status = 0;
-  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  while (waitpid(child, &status, 0) < 0) {
+    if (errno == EINTR) continue;
+    // Reaped elsewhere (SIGCHLD ignored): the status waitid saw, if it saw one.
+    if (info.si_pid == 0) return 1;
+    return info.si_code == CLD_EXITED ? info.si_status : 128 + info.si_status;
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }

@@ -53,7 +53,7 @@ class TraceInterruptTest(unittest.TestCase):
     @unittest.skipUnless(shutil.which("timeout"), "no timeout program")
     def test_timeout_signals_fusekit_and_its_group(self):
         # timeout's own exit code is 124; it signals fusekit, then its process group.
-        p = subprocess.run(["timeout", "-s", "TERM", "1", FUSEKIT, "trace", "--db", self.db, "--", *self.command],
+        p = subprocess.run(["timeout", "-s", "TERM", "2", FUSEKIT, "trace", "--db", self.db, "--", *self.command],
                            capture_output=True, text=True, timeout=30)
         self.assertEqual(p.returncode, 124, p.stderr)
         self.check_run(p.stderr)
