@@ -697,6 +697,30 @@ TEST(DpCollectiveBucketed, SameSumsFewerBytes) {
 
 // The gradient exchanger of a model's flat fp16 gradients (three tensors with padding between
 // them): dense sums every rank's gradients; sparse at density 1 gives the same sum rounded once;
+// N(0, 1) gradients for the tensors of `layout` as fp16 words (padding zero), from `seed`.
+std::vector<uint16_t> random_gradients(const models::FlatGradients& layout, uint64_t seed) {
+  std::mt19937_64 random(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<uint16_t> g(layout.elements, 0);
+  for (const auto& t : layout.tensors) {
+    for (uint64_t i = t.offset; i < t.offset + t.size; ++i) g[i] = float_to_wire(normal(random), WireValue::f16);
+  }
+  return g;
+}
+
+// Every rank's error-feedback residual summed over the ranks (fp32, layout.elements long: zero past
+// the residual's end), through `scratch`.
+std::vector<float> residuals_summed(Communicator& c, const GradientExchanger& exchanger,
+                                    const models::FlatGradients& layout, DeviceArray<float>& scratch) {
+  FUSEKIT_CUDA_CHECK(cudaMemset(scratch.get(), 0, layout.elements * sizeof(float)));
+  FUSEKIT_CUDA_CHECK(cudaMemcpy(scratch.get(), exchanger.residual(), exchanger.residual_elements() * sizeof(float),
+                                cudaMemcpyDeviceToDevice));
+  FUSEKIT_NCCL_CHECK(
+      ncclAllReduce(scratch.get(), scratch.get(), layout.elements, ncclFloat, ncclSum, c.comm(), c.stream()));
+  FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(c.stream()));
+  return scratch.download(layout.elements);
+}
+
 // sparse at 5% keeps, element by element, exchanged sum + every rank's residual == the sum of the
 // gradients, to the one fp16 rounding of the exchanged value, with and without re-selection. Every rank knows every
 // rank's gradients (each is drawn from its rank's seed), so the reference is computed on the host.
@@ -708,15 +732,7 @@ TEST(DpGradientExchanger, DenseAndSparseSumTheRanksGradients) {
   layout.dtype = kernels::DType::f16;
   layout.tensors = {{0, 70001}, {70008, 3}, {70016, 129999}};
   layout.elements = 200016;
-  const auto gradients_of = [&](int rank) {
-    std::mt19937_64 random(1000 + static_cast<uint64_t>(rank));
-    std::normal_distribution<float> normal(0.f, 1.f);
-    std::vector<uint16_t> g(layout.elements, 0);
-    for (const auto& t : layout.tensors) {
-      for (uint64_t i = t.offset; i < t.offset + t.size; ++i) g[i] = float_to_wire(normal(random), WireValue::f16);
-    }
-    return g;
-  };
+  const auto gradients_of = [&](int rank) { return random_gradients(layout, 1000 + static_cast<uint64_t>(rank)); };
   std::vector<double> expected(layout.elements, 0.0), magnitude(layout.elements, 0.0);
   for (int r = 0; r < ranks; ++r) {
     const std::vector<uint16_t> g = gradients_of(r);
@@ -741,13 +757,7 @@ TEST(DpGradientExchanger, DenseAndSparseSumTheRanksGradients) {
       if (residual_sum) {
         // The residual ends with the last tensor; the flat buffer's padding after it has none.
         EXPECT_EQ(exchanger.residual_elements(), 200015u);
-        FUSEKIT_CUDA_CHECK(cudaMemset(residuals.get(), 0, layout.elements * sizeof(float)));
-        FUSEKIT_CUDA_CHECK(cudaMemcpy(residuals.get(), exchanger.residual(),
-                                      exchanger.residual_elements() * sizeof(float), cudaMemcpyDeviceToDevice));
-        FUSEKIT_NCCL_CHECK(
-            ncclAllReduce(residuals.get(), residuals.get(), layout.elements, ncclFloat, ncclSum, c.comm(), c.stream()));
-        FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(c.stream()));
-        *residual_sum = residuals.download(layout.elements);
+        *residual_sum = residuals_summed(c, exchanger, layout, residuals);
       }
       std::vector<float> out;
       for (uint16_t bits : buffer.download(layout.elements)) out.push_back(wire_to_float(bits, WireValue::f16));
@@ -831,13 +841,7 @@ TEST(DpGradientExchanger, ExchangedVelocitiesAddUp) {
   layout.tensors = {{0, 50001}, {50008, 7}, {50016, 80000}};
   layout.elements = 130016;
   const auto gradients_of = [&](int rank, int step) {
-    std::mt19937_64 random(5000 + 100 * static_cast<uint64_t>(step) + static_cast<uint64_t>(rank));
-    std::normal_distribution<float> normal(0.f, 1.f);
-    std::vector<uint16_t> g(layout.elements, 0);
-    for (const auto& t : layout.tensors) {
-      for (uint64_t i = t.offset; i < t.offset + t.size; ++i) g[i] = float_to_wire(normal(random), WireValue::f16);
-    }
-    return g;
+    return random_gradients(layout, 5000 + 100 * static_cast<uint64_t>(step) + static_cast<uint64_t>(rank));
   };
   // The host's velocities: per rank, from zero at the first sparse step; their sum over ranks and steps.
   std::vector<double> velocity_sum(layout.elements, 0.0), magnitude(layout.elements, 0.0);
@@ -886,13 +890,7 @@ TEST(DpGradientExchanger, ExchangedVelocitiesAddUp) {
           ++i;
         }
       }
-      FUSEKIT_CUDA_CHECK(cudaMemset(residuals.get(), 0, layout.elements * sizeof(float)));
-      FUSEKIT_CUDA_CHECK(cudaMemcpy(residuals.get(), exchanger.residual(),
-                                    exchanger.residual_elements() * sizeof(float), cudaMemcpyDeviceToDevice));
-      FUSEKIT_NCCL_CHECK(
-          ncclAllReduce(residuals.get(), residuals.get(), layout.elements, ncclFloat, ncclSum, c.comm(), c.stream()));
-      FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(c.stream()));
-      residual_sum = residuals.download(layout.elements);
+      residual_sum = residuals_summed(c, exchanger, layout, residuals);
       return 0;
     });
     size_t bad = 0, sent = 0;
