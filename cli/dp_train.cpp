@@ -55,6 +55,7 @@ struct Options {
   std::string index_form = "plain";
   int64_t dense_steps = 0;
   bool frozen_variance = false;
+  double frozen_max_step = 0;
   int model_hosts = 1;
   int probe_steps = 5;
   int steps = 300;
@@ -150,6 +151,7 @@ int run(const Options& o) {
   x.probe_steps = o.probe_steps;
   x.dense_steps = o.dense_steps;
   x.frozen_variance = o.frozen_variance;
+  x.frozen_max_step = o.frozen_max_step;
 
   models::BertTrainOptions train;
   if (o.frozen_variance) x.momentum = train.beta1;  // each rank's velocity is AdamW's first moment / (1 - beta1)
@@ -296,6 +298,7 @@ int run(const Options& o) {
         << ",\n  \"momentum\": " << x.momentum << ",\n  \"reselect\": " << o.reselect << ",\n  \"index_form\": \""
         << o.index_form << "\",\n  \"dense_steps\": " << o.dense_steps
         << ",\n  \"frozen_variance\": " << (o.frozen_variance ? "true" : "false")
+        << ",\n  \"frozen_max_step\": " << (o.frozen_max_step > 1e300 ? -1 : o.frozen_max_step)
         << ",\n  \"model_hosts\": " << o.model_hosts << ",\n  \"nccl_net\": \"" << env_or("NCCL_NET", "") << "\""
         << ",\n  \"lr\": " << o.lr << ",\n  \"lr_warmup\": " << o.lr_warmup
         << ",\n  \"echo\": " << (o.echo ? "true" : "false") << ",\n  \"pool\": " << o.pool << ",\n  \"decision\": \""
@@ -376,6 +379,16 @@ int main(int argc, char** argv) {
   app.add_flag("--frozen-variance", o.frozen_variance,
                "Sparse, after --dense-steps: exchange each rank's AdamW velocity by top-k with error feedback and "
                "step with AdamW's second moment frozen (1-bit Adam's recipe; dp/gradient_exchanger.h says why)");
+  app.add_option("--frozen-max-step", o.frozen_max_step,
+                 "With --frozen-variance: the largest step of a coordinate, in units of lr (0: 1 / (density x "
+                 "reselect), the steps an exchanged entry stands for; inf: uncapped)")
+      ->check(CLI::Validator(
+          [](const std::string& text) {
+            const double v = std::strtod(text.c_str(), nullptr);
+            return v == 0 || v >= 1 ? std::string() : std::string("must be 0 or >= 1");
+          },
+          "0 or >= 1"))
+      ->capture_default_str();
   app.add_option("--model-hosts", o.model_hosts,
                  "Model this many hosts: consecutive groups of ranks get their own NCCL_HOSTID, so NCCL uses "
                  "its network transport between groups (NCCL_NET=Socket for sockets) and NVLink inside them")

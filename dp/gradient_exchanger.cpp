@@ -113,6 +113,10 @@ GradientExchanger::GradientExchanger(Communicator& communicator, const models::F
         "gradient exchange: frozen variance needs the sparse exchange, at least one dense step first (AdamW's "
         "second moment comes from them) and a momentum in (0, 1) (AdamW's beta1)");
   }
+  if (!(options_.frozen_max_step == 0 || options_.frozen_max_step >= 1)) {
+    throw std::invalid_argument("gradient exchange: the frozen step's cap must be 0 (automatic) or >= 1 lr, not " +
+                                std::to_string(options_.frozen_max_step));
+  }
   if (options_.reselect < 1 && options_.collective == SparseCollectiveKind::allgather) {
     throw std::invalid_argument("gradient exchange: re-selection needs a reduce-scatter collective (balanced, equal)");
   }
@@ -159,6 +163,12 @@ GradientExchanger::~GradientExchanger() {
 double GradientExchanger::density_of(int64_t step) const {
   if (options_.warmup_steps <= 0) return options_.density;
   return warmup_density(step - options_.dense_steps, options_.warmup_steps, options_.warmup_start, options_.density);
+}
+
+double GradientExchanger::frozen_max_step() const {
+  if (options_.frozen_max_step > 0) return options_.frozen_max_step;
+  const double landed = record_.density * options_.reselect;  // the fraction of coordinates a step updates
+  return landed > 0 ? std::max(1.0, 1.0 / landed) : 1.0;
 }
 
 bool GradientExchanger::sparse_now() const {

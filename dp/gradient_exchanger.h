@@ -34,8 +34,10 @@
 // is sent adds up to the sum of the velocities), and the optimizer takes AdamW's step with the
 // second moment frozen at the end of the dense steps (kernels/adamw.h's step_frozen_variance,
 // which velocity_factor() asks for): with v fixed the update is linear in the velocity (below the
-// step's cap of lr per coordinate), so delay is all that error feedback costs, as for SGD with
-// momentum.
+// step's cap, frozen_max_step() x lr per coordinate), so delay is all that error feedback costs, as
+// for SGD with momentum. The cap is 1 / (density x reselect) by default: a coordinate sent once in
+// that many steps arrives with that many steps' velocity, which a cap of one AdamW step (lr) would
+// cut down to one step's worth.
 //
 // Timing: events on the model's stream split each exchange into selection (residual update,
 // threshold, compaction), communication (every NCCL call and the host waits between them) and
@@ -79,6 +81,7 @@ struct ExchangerOptions {
   double reselect = 1;                      // < 1: each slice owner keeps that fraction of its sums (balanced, equal)
   int64_t dense_steps = 0;                  // sparse: the first steps exchange densely
   bool frozen_variance = false;             // sparse, after dense steps: exchange velocities (see above)
+  double frozen_max_step = 0;               // its cap in units of lr: 0 = 1 / (density x reselect); inf: none
   IndexForm index_form = IndexForm::plain;  // how the reduce-scatter collectives send indices
   int probe_steps = 5;                      // auto: steps that time both exchanges
 };
@@ -109,6 +112,7 @@ class GradientExchanger final : public models::GradientExchange {
   float exchange(const models::FlatGradients& gradients, cudaStream_t stream) override;
   // The momentum factor after a sparse exchange of velocities (frozen_variance), else 0.
   double velocity_factor() const override { return velocities_ ? options_.momentum : 0; }
+  double frozen_max_step() const override;
 
   // The last exchange; its times need the stream it ran on to have completed.
   ExchangeRecord last();

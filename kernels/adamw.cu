@@ -60,6 +60,7 @@ struct ChunkDescriptor {
 struct Coefficients {
   float beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, step_size, bias_correction2_sqrt;
   float velocity_correction;  // frozen: 1 / (1 - velocity^s)
+  float inverse_max_step;     // frozen: 1 / the largest step in units of lr (0: uncapped)
   int frozen;                 // the frozen-variance step (AdamWTrainer::step_frozen_variance): 1; 2: no v yet, skip
 };
 
@@ -77,6 +78,7 @@ __host__ __device__ inline Coefficients make_coefficients(const AdamWOptions& o,
   c.step_size = static_cast<float>(o.lr / (1.0 - pow(o.beta1, static_cast<double>(step))));
   c.bias_correction2_sqrt = static_cast<float>(sqrt(1.0 - pow(o.beta2, static_cast<double>(v_step))));
   c.velocity_correction = 1.f;
+  c.inverse_max_step = 0.f;
   c.frozen = 0;
   return c;
 }
@@ -88,12 +90,15 @@ __host__ __device__ inline Coefficients make_coefficients(const AdamWOptions& o,
 // The frozen-variance step's scalars: `frozen_steps` steps since the freeze (this one included),
 // `adamw_steps` AdamW steps (updates of v) before it; m = (1 - velocity) g, so one_minus_beta1
 // carries 1 - velocity, and step_size is lr. With no AdamW step yet, v is zero: frozen = 2 skips.
+// max_step: the largest step in units of lr (infinite: uncapped).
 __host__ __device__ inline Coefficients make_frozen_coefficients(const AdamWOptions& o, double velocity,
-                                                                 int64_t frozen_steps, int64_t adamw_steps) {
+                                                                 double max_step, int64_t frozen_steps,
+                                                                 int64_t adamw_steps) {
   Coefficients c = make_coefficients(o, adamw_steps > 0 ? adamw_steps : 1);
   c.one_minus_beta1 = static_cast<float>(1.0 - velocity);
   c.step_size = static_cast<float>(o.lr);
   c.velocity_correction = static_cast<float>(1.0 / (1.0 - pow(velocity, static_cast<double>(frozen_steps))));
+  c.inverse_max_step = static_cast<float>(1.0 / max_step);
   c.frozen = adamw_steps > 0 ? 1 : 2;
   return c;
 }
@@ -119,14 +124,14 @@ __device__ __forceinline__ void adamw_update(float g, float& p, float& m, float&
 }
 
 // One element of the frozen-variance step: g is the velocity increment, v is read, not written. The
-// denominator is at least |m^| (m^ the bias-corrected m), so that no step exceeds lr, as AdamW's
-// first step does not: where v was zero or small at the freeze, lr m^ / sqrt(v) would be huge.
+// denominator is at least |m^| / max_step (m^ the bias-corrected m), so that no step exceeds max_step
+// x lr: where v was zero or small at the freeze, lr m^ / sqrt(v) would be huge.
 __device__ __forceinline__ void frozen_variance_update(float g, float& p, float& m, float v, const Coefficients& c,
                                                        float decay) {
   p *= decay;
   m = c.one_minus_beta1 * g;
   const float m_hat = m * c.velocity_correction;
-  p -= c.step_size * m_hat / (fmaxf(sqrtf(v) / c.bias_correction2_sqrt, fabsf(m_hat)) + c.eps);
+  p -= c.step_size * m_hat / (fmaxf(sqrtf(v) / c.bias_correction2_sqrt, fabsf(m_hat) * c.inverse_max_step) + c.eps);
 }
 
 // Bits of a 16-bit float's exponent: all set means inf or NaN.
@@ -177,7 +182,8 @@ __global__ void __launch_bounds__(kThreads)
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     adamw_gradient_check_kernel(const T* __restrict__ grads, size_t vectors, int* __restrict__ flags,
-                                TrainerState* __restrict__ state, AdamWOptions options, double velocity) {
+                                TrainerState* __restrict__ state, AdamWOptions options, double velocity,
+                                double max_step) {
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     const int64_t taken = state->steps[1], adamw = state->adamw_steps[1];
     state->steps[0] = taken;
@@ -187,7 +193,7 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       if (state->frozen_at == 0) state->frozen_at = taken + 1;
       const int64_t before = state->frozen_at - 1;
-      state->coefficients = make_frozen_coefficients(options, velocity, taken + 1 - before, adamw);
+      state->coefficients = make_frozen_coefficients(options, velocity, max_step, taken + 1 - before, adamw);
     }
   }
   constexpr uint32_t low = kExponentBits<T>, high = kExponentBits<T> << 16;
@@ -314,9 +320,10 @@ int check_grid() {
 template <class T, bool kMaster>
 void trainer_step_typed(T* params, const T* grads, float* master, float* exp_avg, float* exp_avg_sq, size_t elements,
                         size_t decay_end, int* flags, int flag_count, TrainerState* state, const AdamWOptions& options,
-                        double velocity, float inv_scale, cudaStream_t stream) {
+                        double velocity, double max_step, float inv_scale, cudaStream_t stream) {
   const size_t vectors = elements / (16 / sizeof(T));
-  adamw_gradient_check_kernel<T><<<flag_count, kThreads, 0, stream>>>(grads, vectors, flags, state, options, velocity);
+  adamw_gradient_check_kernel<T>
+      <<<flag_count, kThreads, 0, stream>>>(grads, vectors, flags, state, options, velocity, max_step);
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
   // At least one block: block 0 carries the step count even over an empty buffer.
   const size_t tiles = std::max<size_t>((elements + kTrainerTile - 1) / kTrainerTile, 1);
@@ -462,12 +469,16 @@ void AdamWTrainer::load_master_weights(cudaStream_t stream) {
 }
 
 void AdamWTrainer::step(const AdamWOptions& options, float loss_scale, cudaStream_t stream) {
-  launch_step(options, -1.0, loss_scale, stream);
+  launch_step(options, -1.0, 1.0, loss_scale, stream);
   ++unfrozen_calls_;
 }
 
 void AdamWTrainer::step_frozen_variance(const AdamWOptions& options, double velocity_factor, float loss_scale,
-                                        cudaStream_t stream) {
+                                        cudaStream_t stream, double max_step) {
+  if (!(max_step >= 1)) {
+    throw std::invalid_argument("adamw trainer: the largest frozen step must be >= 1 lr (got " +
+                                std::to_string(max_step) + ")");
+  }
   if (!(velocity_factor >= 0 && velocity_factor < 1)) {
     throw std::invalid_argument("adamw trainer: the velocity factor must be in [0, 1) (got " +
                                 std::to_string(velocity_factor) + ")");
@@ -476,10 +487,11 @@ void AdamWTrainer::step_frozen_variance(const AdamWOptions& options, double velo
     throw std::logic_error(
         "adamw trainer: a frozen-variance step needs AdamW steps before it (the second moment is zero)");
   }
-  launch_step(options, velocity_factor, loss_scale, stream);
+  launch_step(options, velocity_factor, max_step, loss_scale, stream);
 }
 
-void AdamWTrainer::launch_step(const AdamWOptions& options, double velocity, float loss_scale, cudaStream_t stream) {
+void AdamWTrainer::launch_step(const AdamWOptions& options, double velocity, double max_step, float loss_scale,
+                               cudaStream_t stream) {
   check_options(options);
   if (!(loss_scale > 0) || !std::isfinite(loss_scale)) {
     throw std::invalid_argument("adamw trainer: loss_scale must be finite and > 0 (got " + std::to_string(loss_scale) +
@@ -492,12 +504,12 @@ void AdamWTrainer::launch_step(const AdamWOptions& options, double velocity, flo
     const auto* g = static_cast<const T*>(gradients_);
     if (master_) {
       trainer_step_typed<T, true>(p, g, master_, exp_avg_, exp_avg_sq_, layout_.elements, decay_end_, flags_,
-                                  check_blocks_, static_cast<TrainerState*>(state_), options, velocity, inv_scale,
-                                  stream);
+                                  check_blocks_, static_cast<TrainerState*>(state_), options, velocity, max_step,
+                                  inv_scale, stream);
     } else {
       trainer_step_typed<T, false>(p, g, nullptr, exp_avg_, exp_avg_sq_, layout_.elements, decay_end_, flags_,
-                                   check_blocks_, static_cast<TrainerState*>(state_), options, velocity, inv_scale,
-                                   stream);
+                                   check_blocks_, static_cast<TrainerState*>(state_), options, velocity, max_step,
+                                   inv_scale, stream);
     }
   });
 }

@@ -136,18 +136,23 @@ class AdamWTrainer {
   // buffer holds loss_scale x an increment of a velocity u = velocity_factor u + g (the sum over
   // ranks of what they sent of it; loss_scale as in step() takes the rank count too), and
   //   m = (1 - velocity_factor) g,   m^ = m / (1 - velocity_factor^s),   v unchanged (not written),
-  //   p = p * (1 - lr * weight_decay) - lr * m^ / (max(sqrt(v) / sqrt(1 - beta2^T), |m^|) + eps)
+  //   p = p * (1 - lr * weight_decay) - lr * m^ / (max(sqrt(v) / sqrt(1 - beta2^T), |m^| / K) + eps)
   // with s the steps since this freeze began (this one included) and T the AdamW steps taken (the
   // updates v had): the bias corrections of a velocity that starts from zero at the freeze and of v.
-  // The |m^| in the denominator caps a step at lr, as AdamW's first step: where v was zero or small
-  // at the freeze (a coordinate the AdamW steps never saw), lr m^ / sqrt(v) would be huge. Below
-  // the cap, the parameters move as AdamW with v frozen moves them for the same velocity (the
-  // exchange's error feedback makes the increments add up to it). exp_avg holds the last step's m;
+  // The |m^| / K in the denominator caps a step at K x lr (K = max_step >= 1): where v was zero or
+  // small at the freeze (a coordinate the AdamW steps never saw), lr m^ / sqrt(v) would be huge. An
+  // AdamW step moves a coordinate by about lr at most, so K = 1 bounds a step by one AdamW step;
+  // an exchange that sends each coordinate once in about N steps (density 1/N) accumulates N steps'
+  // velocity into one increment, and K = N lets it through. Below the cap, the parameters move as
+  // AdamW with v frozen moves them for the same velocity (the exchange's error feedback makes the
+  // increments add up to it). exp_avg holds the last step's m;
   // beta1 is unused (velocity_factor takes its place). A non-finite gradient skips the step as in
   // step(), and so does a frozen step before any AdamW step was taken (v is zero). A later step()
   // unfreezes; its bias corrections count AdamW steps only. Throws std::logic_error before any
-  // step() call and std::invalid_argument for a velocity_factor outside [0, 1).
-  void step_frozen_variance(const AdamWOptions& options, double velocity_factor, float loss_scale, cudaStream_t stream);
+  // step() call and std::invalid_argument for a velocity_factor outside [0, 1) or max_step below 1
+  // (infinity: uncapped).
+  void step_frozen_variance(const AdamWOptions& options, double velocity_factor, float loss_scale, cudaStream_t stream,
+                            double max_step = 1.0);
 
   // The steps taken (skipped ones not counted). Synchronizes with `stream`.
   int64_t step_count(cudaStream_t stream) const;
@@ -170,7 +175,8 @@ class AdamWTrainer {
   int check_blocks_ = 0;
   int64_t unfrozen_calls_ = 0;  // step() calls, skipped or not: with none, v is still zero
 
-  void launch_step(const AdamWOptions& options, double velocity, float loss_scale, cudaStream_t stream);
+  void launch_step(const AdamWOptions& options, double velocity, double max_step, float loss_scale,
+                   cudaStream_t stream);
 };
 
 }  // namespace fusekit::kernels

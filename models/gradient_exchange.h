@@ -40,6 +40,9 @@ class GradientExchange {
   // and returns f: the optimizer then takes AdamW's frozen-variance step (kernels/adamw.h's
   // AdamWTrainer::step_frozen_variance with velocity_factor f).
   virtual double velocity_factor() const { return 0; }
+  // With velocity increments: the frozen-variance step's cap in units of lr (step_frozen_variance's
+  // max_step).
+  virtual double frozen_max_step() const { return 1; }
 };
 
 }  // namespace fusekit::models

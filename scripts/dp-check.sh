@@ -75,7 +75,16 @@ elif command -v mpirun >/dev/null; then
   launcher=(mpirun --allow-run-as-root -x MASTER_ADDR=127.0.0.1 -x "MASTER_PORT=$((20000 + RANDOM % 20000))")
 fi
 
+# fusekit-dp's rendezvous listens on MASTER_PORT + 1 under torchrun, which another socket of the
+# machine may hold; a port the kernel reports free, taken per run, avoids that (unless the caller
+# set FUSEKIT_RENDEZVOUS_PORT).
+fixed_port="${FUSEKIT_RENDEZVOUS_PORT:-}"
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])' 2>/dev/null
+}
 for n in "${counts[@]}"; do
+  port="${fixed_port:-$(free_port)}"
+  if [ -n "$port" ]; then export FUSEKIT_RENDEZVOUS_PORT=$port; fi
   if [ "$gpus" -lt "$n" ]; then
     summary+=("$n ranks: skipped ($gpus GPU(s) present)")
     continue

@@ -76,8 +76,17 @@ elif python3 -c 'import torch.distributed.run' 2>/dev/null; then
   launch=(python3 -m torch.distributed.run --standalone "--nproc-per-node=$ranks")
 fi
 
+# fusekit-dp's rendezvous listens on MASTER_PORT + 1 under torchrun, which another socket of the
+# machine may hold; a port the kernel reports free, taken per run, avoids that (unless the caller
+# set FUSEKIT_RENDEZVOUS_PORT).
+fixed_port="${FUSEKIT_RENDEZVOUS_PORT:-}"
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])' 2>/dev/null
+}
 failed=0
 for spec in "$@"; do
+  port="${fixed_port:-$(free_port)}"
+  if [ -n "$port" ]; then export FUSEKIT_RENDEZVOUS_PORT=$port; fi
   IFS=: read -r kind a b c d e <<<"$spec"
   name="$transport-$ranks-${spec//:/-}${FUSEKIT_DP_TAG:+-$FUSEKIT_DP_TAG}"
   json="$OUT/$name.json"

@@ -27,14 +27,15 @@ void adamw_step(std::vector<double>& param, const std::vector<double>& grad, std
 void adamw_frozen_variance_step(std::vector<double>& param, const std::vector<double>& increment,
                                 std::vector<double>& exp_avg, const std::vector<double>& exp_avg_sq,
                                 const AdamWOptions& o, double velocity_factor, int64_t frozen_steps,
-                                int64_t adamw_steps) {
+                                int64_t adamw_steps, double max_step) {
   const double velocity_correction = 1.0 / (1.0 - std::pow(velocity_factor, static_cast<double>(frozen_steps)));
   const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, static_cast<double>(adamw_steps)));
   for (size_t i = 0; i < param.size(); ++i) {
     param[i] -= o.lr * o.weight_decay * param[i];
     exp_avg[i] = (1.0 - velocity_factor) * increment[i];
     const double m_hat = exp_avg[i] * velocity_correction;
-    param[i] -= o.lr * m_hat / (std::max(std::sqrt(exp_avg_sq[i]) / bias_correction2_sqrt, std::fabs(m_hat)) + o.eps);
+    param[i] -= o.lr * m_hat /
+                (std::max(std::sqrt(exp_avg_sq[i]) / bias_correction2_sqrt, std::fabs(m_hat) / max_step) + o.eps);
   }
 }
 

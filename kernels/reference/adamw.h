@@ -26,10 +26,11 @@ void adamw_step(std::vector<double>& param, const std::vector<double>& grad, std
 
 // One frozen-variance step (kernels/adamw.h's AdamWTrainer::step_frozen_variance): `increment` is
 // the velocity's, exp_avg_sq is read only; frozen_steps counts the steps since the freeze, this one
-// included (>= 1), adamw_steps the AdamW steps taken before it (>= 1).
+// included (>= 1), adamw_steps the AdamW steps taken before it (>= 1); max_step caps a step at
+// max_step x lr.
 void adamw_frozen_variance_step(std::vector<double>& param, const std::vector<double>& increment,
                                 std::vector<double>& exp_avg, const std::vector<double>& exp_avg_sq,
                                 const AdamWOptions& options, double velocity_factor, int64_t frozen_steps,
-                                int64_t adamw_steps);
+                                int64_t adamw_steps, double max_step = 1.0);
 
 }  // namespace fusekit::reference

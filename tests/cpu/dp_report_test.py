@@ -59,6 +59,7 @@ class DpReportTest(DpReportBase):
         b = write_batch(self.root, "bb", [record("dense", 50.0, 40.0, [10.0] * 20),
                                           record("sparse", 25.0, 10.0, [11.0] * 10, extra={"frozen_variance": True,
                                                                                       "dense_steps": 3,
+                                                                                      "frozen_max_step": 0,
                                                                                       "momentum": 0.9})])
         md = self.report(a, b)
         rows = {(r.split(" | ")[0][2:], r.split(" | ")[5]): r for r in self.rows(md)}
@@ -70,7 +71,8 @@ class DpReportTest(DpReportBase):
         # against bb's dense (50 / 25), never ba's; the loss against ba's dense, named.
         sparse_b = [r for (batch, run_name), r in rows.items() if batch == "bb" and run_name.startswith("sparse")]
         self.assertEqual(len(sparse_b), 1)
-        self.assertIn("velocity exchange with AdamW's variance frozen after 3 dense steps", sparse_b[0])
+        self.assertIn("velocity exchange with AdamW's variance frozen after 3 dense steps, "
+                      "step cap 1/(density x keep) lr", sparse_b[0])
         self.assertIn("| 2.00x | 4.0x |", sparse_b[0])
         self.assertIn("+10.00% (ba) |", sparse_b[0])
 

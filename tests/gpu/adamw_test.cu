@@ -271,7 +271,7 @@ struct TrainerReference {
   std::vector<double> peak;  // the largest |p| so far: a one-ulp divergence there lives on as |p| shrinks
   size_t decayed;            // elements of the tensors that take weight decay, the first ones
   // The frozen-variance steps' |change| of each parameter, summed: float's relative error is of the
-  // size of the updates, which are up to lr each (m^ / max(sqrt(v^), |m^|)).
+  // size of the updates, which are up to max_step x lr each (m^ / max(sqrt(v^), |m^| / max_step)).
   std::vector<double> moved = {};
 
   // An AdamW step; `v_step` (default: `step`) counts the AdamW steps for v's bias correction, `step`
@@ -294,7 +294,8 @@ struct TrainerReference {
   }
 
   // A frozen-variance step (AdamWTrainer::step_frozen_variance) on velocity increments g.
-  void frozen_step(const std::vector<double>& g, double velocity, int64_t frozen_steps, int64_t adamw_steps) {
+  void frozen_step(const std::vector<double>& g, double velocity, int64_t frozen_steps, int64_t adamw_steps,
+                   double max_step = 1.0) {
     std::vector<double>& updated = master ? master_p : p;
     reference::AdamWOptions no_decay = kReference;
     no_decay.weight_decay = 0;
@@ -303,7 +304,8 @@ struct TrainerReference {
         return std::vector<double>(x.begin() + begin, x.begin() + end);
       };
       std::vector<double> ps = slice(updated), ms = slice(m);
-      reference::adamw_frozen_variance_step(ps, slice(g), ms, slice(v), options, velocity, frozen_steps, adamw_steps);
+      reference::adamw_frozen_variance_step(ps, slice(g), ms, slice(v), options, velocity, frozen_steps, adamw_steps,
+                                            max_step);
       if (moved.empty()) moved.assign(p.size(), 0.0);
       for (size_t e = begin; e < end; ++e) moved[e] += std::fabs(ps[e - begin] - updated[e]);
       std::copy(ps.begin(), ps.end(), updated.begin() + begin);
@@ -561,7 +563,8 @@ INSTANTIATE_TEST_SUITE_P(Trainers, AdamWTrainerSkipTest,
 
 // The frozen-variance step: three AdamW steps, four frozen ones with a non-finite one among them
 // (skipped: nothing changes), an AdamW step again (m's bias correction counts every step, 8; v's the
-// AdamW steps, 4), then a second freeze (from 4 AdamW steps). v keeps its bits while frozen.
+// AdamW steps, 4), then a second freeze (from 4 AdamW steps) whose steps may reach 8 lr (max_step).
+// v keeps its bits while frozen.
 class AdamWTrainerFrozenVarianceTest : public ::testing::TestWithParam<std::tuple<DType, bool>> {};
 
 TEST_P(AdamWTrainerFrozenVarianceTest, MatchesFloat64Reference) {
@@ -602,12 +605,13 @@ TEST_P(AdamWTrainerFrozenVarianceTest, MatchesFloat64Reference) {
   ref.step(upload_gradients(trainer, at, loss_scale, rng), 8, 4);
   trainer.step(options(), scale, nullptr);
   for (int frozen = 1; frozen <= 2; ++frozen) {
-    ref.frozen_step(upload_gradients(trainer, at, loss_scale, rng), velocity, frozen, 4);
-    trainer.step_frozen_variance(options(), velocity, scale, nullptr);
+    ref.frozen_step(upload_gradients(trainer, at, loss_scale, rng), velocity, frozen, 4, 8.0);
+    trainer.step_frozen_variance(options(), velocity, scale, nullptr, 8.0);
   }
   EXPECT_EQ(trainer.step_count(nullptr), 10);
   expect_matches(trainer, ref, p0, at, 10);
   EXPECT_THROW(trainer.step_frozen_variance(options(), 1.0, scale, nullptr), std::invalid_argument);
+  EXPECT_THROW(trainer.step_frozen_variance(options(), velocity, scale, nullptr, 0.5), std::invalid_argument);
 }
 
 // Every AdamW step skipped (non-finite gradients): v is still zero, so a frozen step is skipped too
