@@ -59,7 +59,8 @@ struct BertAttentionShape {
 struct BertAttentionDropout {
   float p = 0.f;  // in [0, 1); 0: no dropout
   uint64_t seed = 0;
-  uint64_t offset = 0;  // advance per call for a fresh mask; the backward takes the forward's values
+  uint64_t offset = 0;                // advance per call for a fresh mask; the backward takes the forward's values
+  const uint64_t* counter = nullptr;  // device, optional: offset + *counter, read when the kernel runs
 };
 
 // Throws std::invalid_argument with one message for an unsupported shape, dtype or dropout p.

@@ -167,7 +167,7 @@ void bias_dropout_residual_layernorm_forward(DType dtype, ResidualOrder order,
                               columns,
                               eps,
                               pre_ln,
-                              dropout_stream(dropout.p, dropout.seed, dropout.offset)};
+                              dropout_stream(dropout.p, dropout.seed, dropout.offset, dropout.counter)};
     forward_typed<T>(args, stream);
   });
 }
@@ -209,7 +209,7 @@ void bias_dropout_residual_layernorm_backward(DType dtype, ResidualOrder order,
                                rows,
                                columns,
                                pre_ln,
-                               dropout_stream(dropout.p, dropout.seed, dropout.offset)};
+                               dropout_stream(dropout.p, dropout.seed, dropout.offset, dropout.counter)};
     backward_typed<T>(args, static_cast<T*>(tensors.dgamma), static_cast<T*>(tensors.dbeta),
                       static_cast<T*>(tensors.dbias), stream);
   });
@@ -224,8 +224,8 @@ void bias_dropout_residual_layernorm_mask(DType dtype, Dropout dropout, void* ma
   const int blocks = static_cast<int>(std::min<size_t>((count + 255) / 256, 64 * multiprocessors()));
   dispatch_dtype(dtype, "bias_dropout_residual_layernorm", [&](auto type) {
     using T = typename decltype(type)::type;
-    dropout_mask_kernel<T><<<blocks, 256, 0, stream>>>(static_cast<T*>(mask), count,
-                                                       dropout_stream(dropout.p, dropout.seed, dropout.offset));
+    dropout_mask_kernel<T><<<blocks, 256, 0, stream>>>(
+        static_cast<T*>(mask), count, dropout_stream(dropout.p, dropout.seed, dropout.offset, dropout.counter));
   });
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }

@@ -41,6 +41,9 @@ struct Dropout {
   float p = 0.f;        // probability of dropping an element, in [0, 1)
   uint64_t seed = 0;    // Philox key
   uint64_t offset = 0;  // Philox counter offset: a new value per call that draws a fresh mask
+  // Device, optional: the offset is offset + *counter, read when the kernel runs, so that a launch
+  // captured in a CUDA graph draws a fresh mask each replay when the stream advances the counter.
+  const uint64_t* counter = nullptr;
 };
 
 struct BiasDropoutResidualForwardTensors {

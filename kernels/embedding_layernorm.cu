@@ -408,7 +408,7 @@ void embedding_layernorm_forward(DType dtype, const EmbeddingLayerNormForwardTen
                               sizes.tokens,
                               sizes.hidden,
                               eps,
-                              dropout_stream(dropout.p, dropout.seed, dropout.offset),
+                              dropout_stream(dropout.p, dropout.seed, dropout.offset, dropout.counter),
                               sort,
                               count_ids};
     forward_typed<T>(args, stream);
@@ -451,7 +451,7 @@ void embedding_layernorm_backward(DType dtype, const EmbeddingLayerNormBackwardT
                                sizes.tokens,
                                sizes.hidden,
                                -1,
-                               dropout_stream(dropout.p, dropout.seed, dropout.offset)};
+                               dropout_stream(dropout.p, dropout.seed, dropout.offset, dropout.counter)};
     T* const dword = static_cast<T*>(tensors.dword);
     T* const dposition = static_cast<T*>(tensors.dposition);
     T* const dtoken_type = static_cast<T*>(tensors.dtoken_type);

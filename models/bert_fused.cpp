@@ -14,8 +14,10 @@
 #include "kernels/embedding_layernorm.h"
 #include "kernels/gather_rows.h"
 #include "kernels/layernorm.h"
+#include "kernels/step_counter.h"
 #include "models/bert_checkpoint.h"
 #include "models/host_tensors.h"
+#include "models/step_graph.h"
 #include "models/storage_conversion.h"
 #include "profiler/range.h"
 
@@ -74,6 +76,8 @@ FusedBert::FusedBert(const BertConfig& config, const BertTrainOptions& options, 
       static_cast<size_t>(std::max(config_.hidden, config_.intermediate)) * dtype_bytes(config_.dtype);
   zeros_ = device_alloc<void>(zero_bytes);
   FUSEKIT_CUDA_CHECK(cudaMemset(zeros_, 0, zero_bytes));
+  step_counter_ = device_alloc<uint64_t>(sizeof(uint64_t));
+  FUSEKIT_CUDA_CHECK(cudaMemset(step_counter_, 0, sizeof(uint64_t)));
   // Positions 0 .. S-1 in every sequence; dloss = the loss scale (the cross-entropy backward's seed).
   std::vector<int64_t> positions(static_cast<size_t>(config_.tokens()));
   for (size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<int64_t>(i % config_.sequence);
@@ -83,7 +87,9 @@ FusedBert::FusedBert(const BertConfig& config, const BertTrainOptions& options, 
 }
 
 FusedBert::~FusedBert() {
+  graphs_.clear();
   for (void* p : batches_) cudaFree(p);
+  cudaFree(step_counter_);
   cudaFree(zeros_);
   cudaFree(arena_);
   trainer_.reset();
@@ -95,8 +101,14 @@ void* FusedBert::buffer(const char* name) const { return arena_ + plan_->buffer(
 void* FusedBert::parameter(const std::string& name) const { return trainer_->parameter(layout_.index(name)); }
 void* FusedBert::gradient(const std::string& name) const { return trainer_->gradient(layout_.index(name)); }
 
-uint64_t FusedBert::dropout_key(int site) const {
-  return mix(mix(options_.seed ^ mix(steps_)) + static_cast<uint64_t>(site));
+// A site's Philox key is a function of the seed and the site; the step enters as the counter offset,
+// read on the device (kernels/step_counter.h), so that a captured step replays with fresh masks.
+kernels::Dropout FusedBert::dropout(float p, int site) const {
+  return {p, mix(mix(options_.seed) + static_cast<uint64_t>(site)), 0, step_counter_};
+}
+
+kernels::BertAttentionDropout FusedBert::attention_dropout(float p, int site) const {
+  return {p, mix(mix(options_.seed) + static_cast<uint64_t>(site)), 0, step_counter_};
 }
 
 void FusedBert::load_state_dict(const std::vector<TensorView>& tensors) {
@@ -144,7 +156,7 @@ void FusedBert::forward(const DeviceBatch& batch, cudaStream_t stream) {
   const int B = c.batch, S = c.sequence, N = static_cast<int>(c.tokens()), H = c.hidden, I = c.intermediate;
   const int M = plan_->masked_rows(), V = c.vocab;
   const float eps = static_cast<float>(c.layer_norm_eps), p = c.dropout;
-  ++steps_;
+  kernels::advance_step_counter(step_counter_, stream);  // this step's dropout masks
   {
     ScopedRange r("bert.embeddings");
     kernels::EmbeddingLayerNormForwardTensors t;
@@ -160,8 +172,7 @@ void FusedBert::forward(const DeviceBatch& batch, cudaStream_t stream) {
     t.mean = static_cast<float*>(buffer("embeddings.layernorm.mean"));
     t.rstd = static_cast<float*>(buffer("embeddings.layernorm.rstd"));
     t.backward_workspace = buffer("workspace.embedding_backward");
-    kernels::embedding_layernorm_forward(dt, t, {p, dropout_key(0), 0}, {N, H, V, c.max_positions, c.token_types}, eps,
-                                         stream);
+    kernels::embedding_layernorm_forward(dt, t, dropout(p, 0), {N, H, V, c.max_positions, c.token_types}, eps, stream);
   }
   const kernels::BertAttentionShape attention{B, c.heads, S, c.head_dim()};
   const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim()));
@@ -175,7 +186,7 @@ void FusedBert::forward(const DeviceBatch& batch, cudaStream_t stream) {
                             stream);
     kernels::bert_attention_forward(dt, buffer(b + "qkv"), batch.lengths, buffer(b + "attention.context"),
                                     static_cast<float*>(buffer(b + "attention.lse")), attention, scale,
-                                    {p, dropout_key(1 + 3 * l), 0}, stream);
+                                    attention_dropout(p, 1 + 3 * l), stream);
     kernels::linear_forward_no_bias(*linear_, dt, {N, H, H, false}, buffer(b + "attention.context"),
                                     P("attention.output.dense.weight"), buffer(b + "attention.dense"), stream);
     kernels::BiasDropoutResidualForwardTensors a;
@@ -187,8 +198,8 @@ void FusedBert::forward(const DeviceBatch& batch, cudaStream_t stream) {
     a.y = buffer(b + "attention.layernorm");
     a.mean = static_cast<float*>(buffer(b + "attention.layernorm.mean"));
     a.rstd = static_cast<float*>(buffer(b + "attention.layernorm.rstd"));
-    kernels::bias_dropout_residual_layernorm_forward(dt, kernels::ResidualOrder::post_ln, a,
-                                                     {p, dropout_key(2 + 3 * l), 0}, N, H, eps, stream);
+    kernels::bias_dropout_residual_layernorm_forward(dt, kernels::ResidualOrder::post_ln, a, dropout(p, 2 + 3 * l), N,
+                                                     H, eps, stream);
     kernels::linear_forward(*linear_, dt, kernels::LinearEpilogue::bias_gelu, {N, I, H, false},
                             buffer(b + "attention.layernorm"), P("intermediate.dense.weight"),
                             P("intermediate.dense.bias"), buffer(b + "ffn.gelu"), buffer(b + "ffn.up"), stream);
@@ -203,8 +214,8 @@ void FusedBert::forward(const DeviceBatch& batch, cudaStream_t stream) {
     o.y = buffer(b + "output.layernorm");
     o.mean = static_cast<float*>(buffer(b + "output.layernorm.mean"));
     o.rstd = static_cast<float*>(buffer(b + "output.layernorm.rstd"));
-    kernels::bias_dropout_residual_layernorm_forward(dt, kernels::ResidualOrder::post_ln, o,
-                                                     {p, dropout_key(3 + 3 * l), 0}, N, H, eps, stream);
+    kernels::bias_dropout_residual_layernorm_forward(dt, kernels::ResidualOrder::post_ln, o, dropout(p, 3 + 3 * l), N,
+                                                     H, eps, stream);
     x = buffer(b + "output.layernorm");
   }
   {
@@ -286,8 +297,8 @@ void FusedBert::backward(const DeviceBatch& batch, cudaStream_t stream) {
     o.dbias = G("output.dense.bias");
     o.dgamma = G("output.LayerNorm.weight");
     o.dbeta = G("output.LayerNorm.bias");
-    kernels::bias_dropout_residual_layernorm_backward(dt, kernels::ResidualOrder::post_ln, o,
-                                                      {p, dropout_key(3 + 3 * l), 0}, N, H, workspace, stream);
+    kernels::bias_dropout_residual_layernorm_backward(dt, kernels::ResidualOrder::post_ln, o, dropout(p, 3 + 3 * l), N,
+                                                      H, workspace, stream);
     // FFN: d pre = gelu'(pre) * (d down W2), d b1; then d W2, d W1, and d a += d pre W1.
     kernels::linear_gelu_backward_input(*linear_, dt, {N, H, I, false}, h[1], P("output.dense.weight"),
                                         buffer(b + "ffn.up"), buffer("grad.intermediate"), G("intermediate.dense.bias"),
@@ -313,15 +324,15 @@ void FusedBert::backward(const DeviceBatch& batch, cudaStream_t stream) {
     a.dbias = G("attention.output.dense.bias");
     a.dgamma = G("attention.output.LayerNorm.weight");
     a.dbeta = G("attention.output.LayerNorm.bias");
-    kernels::bias_dropout_residual_layernorm_backward(dt, kernels::ResidualOrder::post_ln, a,
-                                                      {p, dropout_key(2 + 3 * l), 0}, N, H, workspace, stream);
+    kernels::bias_dropout_residual_layernorm_backward(dt, kernels::ResidualOrder::post_ln, a, dropout(p, 2 + 3 * l), N,
+                                                      H, workspace, stream);
     // Output projection: h[0] = d context (the layer's output gradient is no longer needed).
     kernels::linear_backward(*linear_, dt, {N, H, H, false}, h[1], buffer(b + "attention.context"),
                              P("attention.output.dense.weight"), h[0], G("attention.output.dense.weight"), nullptr,
                              stream);
     kernels::bert_attention_backward(dt, buffer(b + "qkv"), batch.lengths, buffer(b + "attention.context"),
                                      static_cast<const float*>(buffer(b + "attention.lse")), h[0], buffer("grad.qkv"),
-                                     workspace, attention, scale, {p, dropout_key(1 + 3 * l), 0}, stream);
+                                     workspace, attention, scale, attention_dropout(p, 1 + 3 * l), stream);
     // QKV projection: d Wqkv, d bqkv, and d x += d qkv Wqkv.
     kernels::linear_backward(*linear_, dt, {N, 3 * H, H, false}, buffer("grad.qkv"), x, P("attention.self.qkv.weight"),
                              nullptr, G("attention.self.qkv.weight"), G("attention.self.qkv.bias"), stream);
@@ -348,7 +359,7 @@ void FusedBert::backward(const DeviceBatch& batch, cudaStream_t stream) {
     t.dgamma = gradient("bert.embeddings.LayerNorm.weight");
     t.dbeta = gradient("bert.embeddings.LayerNorm.bias");
     t.ids_counted = true;
-    kernels::embedding_layernorm_backward(dt, t, {p, dropout_key(0), 0}, {N, H, V, c.max_positions, c.token_types},
+    kernels::embedding_layernorm_backward(dt, t, dropout(p, 0), {N, H, V, c.max_positions, c.token_types},
                                           buffer("workspace.embedding_backward"), stream);
   }
   {
@@ -385,7 +396,7 @@ void FusedBert::optimizer_step(cudaStream_t stream) {
   o.weight_decay = options_.weight_decay;
   const double velocity = exchange_ ? exchange_->velocity_factor() : 0;
   if (velocity > 0) {
-    trainer_->step_frozen_variance(o, velocity, loss_scale_ * gradient_divisor_, stream);
+    trainer_->step_frozen_variance(o, velocity, loss_scale_ * gradient_divisor_, stream, exchange_->frozen_max_step());
   } else {
     trainer_->step(o, loss_scale_ * gradient_divisor_, stream);
   }
@@ -418,6 +429,7 @@ float FusedBert::step(const MlmBatch& batch) {
 }
 
 void FusedBert::prepare_batches(const std::vector<MlmBatch>& batches) {
+  graphs_.clear();  // they read the batches freed here
   for (void* p : batches_) cudaFree(p);
   batches_.clear();
   device_batches_.clear();
@@ -441,11 +453,31 @@ void FusedBert::prepare_batches(const std::vector<MlmBatch>& batches) {
 void FusedBert::enqueue_step(int batch_index, cudaStream_t stream) {
   const DeviceBatch& device = device_batches_.at(static_cast<size_t>(batch_index));
   ScopedRange range("bert.step");
-  forward(device, stream);
-  backward(device, stream);
-  exchange_gradients(stream);
-  optimizer_step(stream);
+  if (!graphs_.empty()) {
+    graphs_[static_cast<size_t>(batch_index)]->launch(stream);
+  } else {
+    forward(device, stream);
+    backward(device, stream);
+    exchange_gradients(stream);
+    optimizer_step(stream);
+  }
   last_stream_ = stream;
+}
+
+void FusedBert::capture_step_graphs() {
+  if (exchange_)
+    throw std::logic_error("fused bert: a step with a gradient exchange is not captured (it waits on the host)");
+  if (device_batches_.empty()) throw std::logic_error("fused bert: capture_step_graphs needs prepare_batches first");
+  graphs_.clear();
+  std::vector<std::unique_ptr<StepGraph>> graphs;
+  for (size_t i = 0; i < device_batches_.size(); ++i) {
+    graphs.push_back(std::make_unique<StepGraph>([&](cudaStream_t stream) {
+      forward(device_batches_[i], stream);
+      backward(device_batches_[i], stream);
+      optimizer_step(stream);
+    }));
+  }
+  graphs_ = std::move(graphs);
 }
 
 float FusedBert::last_loss() { return last_stream_ ? read_device_float(buffer("head.mean_loss"), last_stream_) : 0.f; }

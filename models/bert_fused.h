@@ -20,8 +20,12 @@
 // backward has written it.
 //
 // Dropout: every site (the embeddings, each layer's attention probabilities, attention output and
-// FFN output) draws from its own Philox key, derived from the seed, the step and the site; the
-// backward regenerates the same masks from the same key.
+// FFN output) draws from its own Philox key, derived from the seed and the site, at the counter
+// offset of the step (a device word each forward advances first, kernels/step_counter.h); the
+// backward regenerates the same masks from the same key and offset.
+//
+// CUDA graph (capture_step_graphs): one graph per prepared batch, replayed by enqueue_step; nothing
+// of a step is decided on the host (the dropout step and AdamW's step count live on the device).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,11 +34,14 @@
 #include <vector>
 
 #include "kernels/adamw.h"
+#include "kernels/bert_attention.h"
+#include "kernels/bias_dropout_residual_layernorm.h"
 #include "kernels/linear.h"
 #include "models/bert_model.h"
 #include "models/bert_parameters.h"
 #include "models/gradient_exchange.h"
 #include "models/memory_plan.h"
+#include "models/step_graph.h"
 
 namespace fusekit::models {
 
@@ -54,6 +61,11 @@ class FusedBert final : public BertMlmModel {
   float step(const MlmBatch& batch) override;
   void prepare_batches(const std::vector<MlmBatch>& batches) override;
   void enqueue_step(int batch_index, cudaStream_t stream) override;
+  // Captures each prepared batch's step (forward, backward, AdamW) as a CUDA graph
+  // (models/step_graph.h), which enqueue_step replays from then on; prepare_batches drops them.
+  // Throws std::logic_error with a gradient exchange set or before prepare_batches.
+  void capture_step_graphs();
+  bool graphed() const { return !graphs_.empty(); }
   float last_loss() override;
   std::vector<HostTensor> gradients() override;
   std::vector<HostTensor> parameters() override;
@@ -87,7 +99,8 @@ class FusedBert final : public BertMlmModel {
   void* parameter(const std::string& name) const;
   void* gradient(const std::string& name) const;
   std::vector<HostTensor> host_tensors(const void* flat, float scale) const;
-  uint64_t dropout_key(int site) const;
+  kernels::Dropout dropout(float p, int site) const;
+  kernels::BertAttentionDropout attention_dropout(float p, int site) const;
 
   BertConfig config_;
   BertTrainOptions options_;
@@ -103,7 +116,8 @@ class FusedBert final : public BertMlmModel {
   std::vector<DeviceBatch> device_batches_;
   cudaStream_t stream_ = nullptr;  // step() and forward_backward()
   cudaStream_t last_stream_ = nullptr;
-  uint64_t steps_ = 0;  // forward passes so far: selects the dropout masks
+  uint64_t* step_counter_ = nullptr;  // device: forward passes so far, the dropout masks' offset
+  std::vector<std::unique_ptr<StepGraph>> graphs_;
   GradientExchange* exchange_ = nullptr;
   float gradient_divisor_ = 1.f;  // the last exchange's
 };

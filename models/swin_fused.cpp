@@ -123,6 +123,7 @@ FusedSwin::FusedSwin(const SwinConfig& config, const SwinTrainOptions& options, 
 }
 
 FusedSwin::~FusedSwin() {
+  graphs_.clear();
   for (void* p : batches_) cudaFree(p);
   cudaFree(unused_bias_);
   cudaFree(arena_);
@@ -395,6 +396,7 @@ float FusedSwin::step(const SwinBatch& batch) {
 }
 
 void FusedSwin::prepare_batches(const std::vector<SwinBatch>& batches) {
+  graphs_.clear();  // they read the batches freed here
   for (void* p : batches_) cudaFree(p);
   batches_.clear();
   const size_t pixels =
@@ -407,17 +409,38 @@ void FusedSwin::prepare_batches(const std::vector<SwinBatch>& batches) {
   }
 }
 
-void FusedSwin::enqueue_step(int batch_index, cudaStream_t stream) {
+void FusedSwin::enqueue_prepared(int batch_index, cudaStream_t stream) {
   char* p = static_cast<char*>(batches_.at(static_cast<size_t>(batch_index)));
   const size_t pixels =
       static_cast<size_t>(config_.batch) * config_.in_channels * config_.image_size * config_.image_size;
   const size_t image_bytes = (pixels * dtype_bytes(config_.dtype) + 255) / 256 * 256;
   const auto* labels = reinterpret_cast<const int64_t*>(p + image_bytes);
-  ScopedRange range("swin.step");
   forward(p, labels, stream);
   backward(labels, stream);
   optimizer_step(stream);
+}
+
+void FusedSwin::enqueue_step(int batch_index, cudaStream_t stream) {
+  if (static_cast<size_t>(batch_index) >= batches_.size() || batch_index < 0)
+    throw std::out_of_range("fused swin: no prepared batch " + std::to_string(batch_index));
+  ScopedRange range("swin.step");
+  if (!graphs_.empty()) {
+    graphs_[static_cast<size_t>(batch_index)]->launch(stream);
+  } else {
+    enqueue_prepared(batch_index, stream);
+  }
   last_stream_ = stream;
+}
+
+void FusedSwin::capture_step_graphs() {
+  if (batches_.empty()) throw std::logic_error("fused swin: capture_step_graphs needs prepare_batches first");
+  graphs_.clear();
+  std::vector<std::unique_ptr<StepGraph>> graphs;
+  for (size_t i = 0; i < batches_.size(); ++i) {
+    graphs.push_back(
+        std::make_unique<StepGraph>([&](cudaStream_t stream) { enqueue_prepared(static_cast<int>(i), stream); }));
+  }
+  graphs_ = std::move(graphs);
 }
 
 float FusedSwin::last_loss() { return last_stream_ ? read_device_float(buffer("head.mean_loss"), last_stream_) : 0.f; }

@@ -27,6 +27,7 @@
 #include "kernels/linear.h"
 #include "models/bert_model.h"  // HostTensor
 #include "models/safetensors.h"
+#include "models/step_graph.h"
 #include "models/swin_memory_plan.h"
 #include "models/swin_parameters.h"
 
@@ -72,6 +73,10 @@ class FusedSwin final {
   // For timing: batches copied to the device once, then steps enqueued without a host sync.
   void prepare_batches(const std::vector<SwinBatch>& batches);
   void enqueue_step(int batch_index, cudaStream_t stream);
+  // Captures each prepared batch's step as a CUDA graph (models/step_graph.h), which enqueue_step
+  // replays from then on; prepare_batches drops them. std::logic_error before prepare_batches.
+  void capture_step_graphs();
+  bool graphed() const { return !graphs_.empty(); }
   float last_loss();
   // The last forward_backward's or step's gradients (the loss scale divided out) and the
   // parameters, in timm's names and shapes, as float.
@@ -83,6 +88,7 @@ class FusedSwin final {
   void forward(const void* images, const int64_t* labels, cudaStream_t stream);
   void backward(const int64_t* labels, cudaStream_t stream);
   void optimizer_step(cudaStream_t stream);
+  void enqueue_prepared(int batch_index, cudaStream_t stream);  // forward, backward, AdamW
   void* buffer(const std::string& name) const;
   void* parameter(const std::string& name) const;
   void* gradient(const std::string& name) const;
@@ -100,7 +106,8 @@ class FusedSwin final {
   void* unused_bias_ = nullptr;  // [features]: a bias gradient nothing reads
   cudaStream_t stream_ = nullptr;
   cudaStream_t last_stream_ = nullptr;
-  std::vector<void*> batches_;  // per prepared batch: images, then labels
+  std::vector<void*> batches_;                      // per prepared batch: images, then labels
+  std::vector<std::unique_ptr<StepGraph>> graphs_;  // capture_step_graphs': one per prepared batch
 };
 
 }  // namespace fusekit::models

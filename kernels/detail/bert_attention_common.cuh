@@ -62,7 +62,7 @@ struct KeyedDropout : DropoutStream {
 };
 
 KeyedDropout keyed_dropout(const BertAttentionDropout& d) {
-  return {dropout_stream(d.p, d.seed, d.offset), philox_keys(d.seed)};
+  return {dropout_stream(d.p, d.seed, d.offset, d.counter), philox_keys(d.seed)};
 }
 
 // Rows [0, count) of a [count, D] matrix whose rows lie `stride` elements apart in global memory,
@@ -182,7 +182,7 @@ __device__ __forceinline__ void row_dropout_bits(const KeyedDropout& dropout, ui
   uint32_t drawn = 0;
 #pragma unroll
   for (int m = 0; m < kKeyTiles / 2; ++m)
-    drawn |= dropout_kept_bits8(dropout.keys, dropout.offset, first + 16 * m, dropout.threshold) << (8 * m);
+    drawn |= dropout_kept_bits8(dropout.keys, dropout.offset_now(), first + 16 * m, dropout.threshold) << (8 * m);
   const int quad = lane & ~3;
   const uint32_t even0 = __shfl_sync(0xffffffffu, drawn, quad) >> (2 * t);
   const uint32_t even1 = __shfl_sync(0xffffffffu, drawn, quad | 1) >> (2 * t);
@@ -208,7 +208,7 @@ __device__ __forceinline__ void column_dropout_bits(const KeyedDropout& dropout,
   uint32_t drawn = 0;
 #pragma unroll
   for (int k = 0; k < 4; ++k)
-    drawn |= dropout_kept_bits8(dropout.keys, dropout.offset, first + 8 * k * seq, dropout.threshold) << (8 * k);
+    drawn |= dropout_kept_bits8(dropout.keys, dropout.offset_now(), first + 8 * k * seq, dropout.threshold) << (8 * k);
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const uint32_t low = __shfl_sync(0xffffffffu, drawn, 4 * e + t) >> g;

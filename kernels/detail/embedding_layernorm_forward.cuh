@@ -63,8 +63,9 @@ __global__ void __launch_bounds__(TPR <= kWarpSize ? 256 : TPR)
       auto draw = [&] {
 #pragma unroll
         for (int j = 0; j < NV; ++j) {
-          drawn[j] = dropout.dropping ? dropout_words(dropout.seed, dropout.offset, (base + (j * TPR + t) * VEC) >> 3)
-                                      : PhiloxWords{{0u, 0u, 0u, 0u}};  // threshold 0: all kept
+          drawn[j] = dropout.dropping
+                         ? dropout_words(dropout.seed, dropout.offset_now(), (base + (j * TPR + t) * VEC) >> 3)
+                         : PhiloxWords{{0u, 0u, 0u, 0u}};  // threshold 0: all kept
         }
       };
       if constexpr (kThreeVectors) draw();

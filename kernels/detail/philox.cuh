@@ -13,7 +13,9 @@
 // dropout_threshold(p) = round(p * 2^16), with probability 1 - round(p * 2^16) / 2^16, within 2^-17
 // of 1 - p (FlashAttention draws 8 bits an element; 32 bits an element cost twice the Philox rounds,
 // which took more instructions than the LayerNorm around them in the embedding forward).
-// A fresh mask needs a fresh (seed, offset) pair: callers advance `offset` per call.
+// A fresh mask needs a fresh (seed, offset) pair: callers advance `offset` per call, or point
+// `counter` at a device word the stream advances (offset + *counter, read when the kernel runs, so
+// that one launch captured in a CUDA graph draws a fresh mask at every replay).
 #pragma once
 
 #include <cstdint>
@@ -176,20 +178,30 @@ FUSEKIT_HOST_DEVICE uint32_t dropout_kept_bits8(const PhiloxKeys& keys, uint64_t
 struct DropoutStream {
   uint64_t seed;
   uint64_t offset;
-  uint32_t threshold;  // draws below it are dropped (dropout_threshold)
-  float scale;         // 1 / (1 - p)
-  bool dropping;       // p > 0: draw words; otherwise every element is kept with multiplier 1
+  uint32_t threshold;                 // draws below it are dropped (dropout_threshold)
+  float scale;                        // 1 / (1 - p)
+  bool dropping;                      // p > 0: draw words; otherwise every element is kept with multiplier 1
+  const uint64_t* counter = nullptr;  // device; where set, the offset is offset + *counter
 
+  // The stream's Philox counter offset. The counter is not written while a kernel runs, so the
+  // read goes through the read-only path and stays in L1 after the first.
+  FUSEKIT_HOST_DEVICE uint64_t offset_now() const {
+#if defined(__CUDA_ARCH__)
+    return counter ? offset + __ldg(reinterpret_cast<const unsigned long long*>(counter)) : offset;
+#else
+    return counter ? offset + *counter : offset;
+#endif
+  }
   // Kept flags of N elements from `first` (bit k: element first + k).
   template <int N>
   FUSEKIT_HOST_DEVICE uint32_t kept_bits(uint64_t first) const {
-    return dropping ? dropout_kept_bits<N>(seed, offset, first, threshold) : 0xFFFFFFFFu;
+    return dropping ? dropout_kept_bits<N>(seed, offset_now(), first, threshold) : 0xFFFFFFFFu;
   }
   FUSEKIT_HOST_DEVICE float multiplier(uint32_t bits, int k) const { return (bits >> k) & 1u ? scale : 0.f; }
 };
 
-inline DropoutStream dropout_stream(float p, uint64_t seed, uint64_t offset) {
-  return {seed, offset, dropout_threshold(p), 1.f / (1.f - p), p > 0.f};
+inline DropoutStream dropout_stream(float p, uint64_t seed, uint64_t offset, const uint64_t* counter = nullptr) {
+  return {seed, offset, dropout_threshold(p), 1.f / (1.f - p), p > 0.f, counter};
 }
 
 }  // namespace fusekit::kernels

@@ -3,6 +3,7 @@
 // one case per shape and dtype (as an optimizer step is).
 //
 //   fused      models/bert_fused.h: fusekit's kernels, memory planned once, fp32 master weights
+//   fused:graph the same, each step replayed as a CUDA graph (FusedBert::capture_step_graphs)
 //   baseline   baselines/models/bert_baseline.h: libtorch modules, autocast, autograd, AdamW fused
 //              (where libtorch is built in)
 // Peers (scripts/peers/ops/bert_step.py): Hugging Face's BertForMaskedLM under AMP, eager and
@@ -84,15 +85,19 @@ std::vector<Case> bert_step_cases(const std::string& shape, kernels::DType dtype
   auto run = [operands](cudaStream_t stream, int rep) { (*operands)->model->enqueue_step(rep % kBatches, stream); };
 
   std::vector<Case> cases;
-  info.variant = "fused";
-  cases.push_back({info, run,
-                   [operands, config, prepare](cudaStream_t) {
-                     operands->emplace();
-                     (*operands)->bytes_before = device_bytes_in_use();
-                     (*operands)->model = std::make_unique<models::FusedBert>(config, models::BertTrainOptions{});
-                     prepare(*(*operands)->model);
-                   },
-                   release, metrics});
+  for (const bool graph : {false, true}) {
+    info.variant = graph ? "fused:graph" : "fused";
+    cases.push_back({info, run,
+                     [operands, config, prepare, graph](cudaStream_t) {
+                       operands->emplace();
+                       (*operands)->bytes_before = device_bytes_in_use();
+                       auto model = std::make_unique<models::FusedBert>(config, models::BertTrainOptions{});
+                       prepare(*model);
+                       if (graph) model->capture_step_graphs();
+                       (*operands)->model = std::move(model);
+                     },
+                     release, metrics});
+  }
 #ifdef FUSEKIT_WITH_TORCH
   info.variant = "baseline";
   cases.push_back({info,

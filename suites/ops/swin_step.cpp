@@ -3,6 +3,7 @@
 // bert_step.
 //
 //   fused      models/swin_fused.h: fusekit's kernels, memory planned once, fp32 master weights
+//   fused:graph the same, each step replayed as a CUDA graph (FusedSwin::capture_step_graphs)
 //   baseline   baselines/models/swin_baseline.h: libtorch modules in timm's structure, autocast,
 //              autograd, AdamW fused=True (where libtorch is found)
 // Peers (scripts/peers/ops/swin_step.py): timm's model under AMP, eager and torch.compile, and the
@@ -91,18 +92,21 @@ std::vector<Case> swin_step_cases(const std::string& shape, kernels::DType dtype
   auto operands = std::make_shared<std::optional<StepOperands>>();
   auto metrics = [operands] { return peak_memory(**operands); };
   std::vector<Case> cases;
-  info.variant = "fused";
-  cases.push_back({info,
-                   [operands](cudaStream_t stream, int rep) { (*operands)->model->enqueue_step(rep % kSets, stream); },
-                   [operands, config](cudaStream_t) {
-                     operands->emplace();
-                     (*operands)->bytes_before = device_bytes_in_use();
-                     (*operands)->model = std::make_unique<models::FusedSwin>(config);
-                     const models::SwinInitialWeights weights(config, 1, config.dtype);
-                     (*operands)->model->load_state_dict(weights.tensors());
-                     (*operands)->model->prepare_batches(random_batches(config));
-                   },
-                   [operands] { operands->reset(); }, metrics});
+  for (const bool graph : {false, true}) {
+    info.variant = graph ? "fused:graph" : "fused";
+    cases.push_back(
+        {info, [operands](cudaStream_t stream, int rep) { (*operands)->model->enqueue_step(rep % kSets, stream); },
+         [operands, config, graph](cudaStream_t) {
+           operands->emplace();
+           (*operands)->bytes_before = device_bytes_in_use();
+           (*operands)->model = std::make_unique<models::FusedSwin>(config);
+           const models::SwinInitialWeights weights(config, 1, config.dtype);
+           (*operands)->model->load_state_dict(weights.tensors());
+           (*operands)->model->prepare_batches(random_batches(config));
+           if (graph) (*operands)->model->capture_step_graphs();
+         },
+         [operands] { operands->reset(); }, metrics});
+  }
 #ifdef FUSEKIT_WITH_TORCH
   info.variant = "baseline";
   cases.push_back({info,

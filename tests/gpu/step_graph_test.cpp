@@ -1,0 +1,165 @@
+// The fused models' CUDA graph option (capture_step_graphs, models/step_graph.h): replayed graphs
+// train as the enqueued steps do (losses step by step and the parameters after, fp16 and bf16, BERT
+// with dropout and Swin), each replay of a BERT graph draws fresh dropout masks (the device step
+// counter, kernels/step_counter.h), and capturing before prepare_batches, or with a gradient
+// exchange set, is refused.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_test_support.h"
+#include "models/bert_config.h"
+#include "models/bert_fused.h"
+#include "models/bert_init.h"
+#include "models/mlm_data.h"
+#include "models/swin_config.h"
+#include "models/swin_fused.h"
+#include "models/swin_init.h"
+#include "test_stream.h"
+
+namespace fusekit::models {
+namespace {
+
+using kernels::DType;
+
+BertConfig bert_config(DType dtype) {
+  BertConfig config = bert_preset("bert-tiny");
+  config.batch = 4;
+  config.sequence = 32;
+  config.dropout = 0.1f;
+  config.dtype = dtype;
+  return config;
+}
+
+std::vector<MlmBatch> bert_batches(const BertConfig& config) {
+  MlmDataOptions options;
+  options.batch = config.batch;
+  options.sequence = config.sequence;
+  options.vocab = config.vocab;
+  options.seed = 11;
+  return {make_mlm_batch(options, 0), make_mlm_batch(options, 1)};
+}
+
+SwinBatch swin_batch(const SwinConfig& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int64_t> label(0, c.classes - 1);
+  SwinBatch b;
+  b.images.resize(static_cast<size_t>(c.batch) * c.in_channels * c.image_size * c.image_size);
+  for (float& v : b.images) v = normal(rng);
+  for (int i = 0; i < c.batch; ++i) b.labels.push_back(label(rng));
+  return b;
+}
+
+// Largest ||a - b|| / ||a|| over the tensors.
+double largest_distance(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    double norm = 0, diff = 0;
+    for (size_t j = 0; j < a[i].values.size() && j < b[i].values.size(); ++j) {
+      const double x = a[i].values[j], y = b[i].values[j];
+      norm += x * x;
+      diff += (x - y) * (x - y);
+    }
+    worst = std::max(worst, std::sqrt(diff) / std::max(std::sqrt(norm), 1e-6));
+  }
+  return worst;
+}
+
+class StepGraphTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(StepGraphTest, BertGraphsTrainAsEnqueuedSteps) {
+  FUSEKIT_REQUIRE_GPU();
+  const BertConfig config = bert_config(GetParam());
+  const BertInitialWeights weights(config, 3, config.dtype, 0.02f);
+  const std::vector<MlmBatch> batches = bert_batches(config);
+  BertTrainOptions options;
+  options.lr = 1e-3;
+  const test_support::NonBlockingStream stream;  // before the models: it outlives their last steps
+  FusedBert enqueued(config, options), graphed(config, options);
+  enqueued.load_state_dict(weights.tensors());
+  graphed.load_state_dict(weights.tensors());
+  enqueued.prepare_batches(batches);
+  graphed.prepare_batches(batches);
+  graphed.capture_step_graphs();
+  ASSERT_TRUE(graphed.graphed());
+  EXPECT_THROW(graphed.enqueue_step(2, stream.stream), std::out_of_range);
+  for (int i = 0; i < 5; ++i) {
+    enqueued.enqueue_step(i % 2, stream.stream);
+    const float expected = enqueued.last_loss();
+    graphed.enqueue_step(i % 2, stream.stream);
+    const float loss = graphed.last_loss();
+    ASSERT_TRUE(std::isfinite(loss)) << "step " << i;
+    EXPECT_NEAR(loss, expected, 1e-3 * std::fabs(expected)) << "step " << i;
+  }
+  EXPECT_LE(largest_distance(enqueued.parameters(), graphed.parameters()), 1e-3);
+}
+
+// With lr 0 the weights stay put, so the same batch's loss changes from replay to replay only by
+// its dropout masks: a graph that replayed one step's masks would give one loss five times.
+TEST_P(StepGraphTest, EachBertReplayDrawsFreshDropoutMasks) {
+  FUSEKIT_REQUIRE_GPU();
+  const BertConfig config = bert_config(GetParam());
+  const BertInitialWeights weights(config, 5, config.dtype, 0.02f);
+  BertTrainOptions options;
+  options.lr = 0;
+  options.weight_decay = 0;
+  const test_support::NonBlockingStream stream;
+  FusedBert model(config, options);
+  model.load_state_dict(weights.tensors());
+  model.prepare_batches({bert_batches(config)[0]});
+  model.capture_step_graphs();
+  std::vector<float> losses;
+  for (int i = 0; i < 5; ++i) {
+    model.enqueue_step(0, stream.stream);
+    losses.push_back(model.last_loss());
+  }
+  std::sort(losses.begin(), losses.end());
+  EXPECT_EQ(std::unique(losses.begin(), losses.end()) - losses.begin(), 5) << "a replay repeated its masks";
+}
+
+TEST_P(StepGraphTest, SwinGraphsTrainAsEnqueuedSteps) {
+  FUSEKIT_REQUIRE_GPU();
+  const SwinConfig c = parse_swin_config(std::string("swin-test:b4:") + dtype_spec_name(GetParam()));
+  const SwinInitialWeights weights(c, 21, c.dtype);
+  const std::vector<SwinBatch> batches = {swin_batch(c, 22), swin_batch(c, 23)};
+  const test_support::NonBlockingStream stream;
+  FusedSwin enqueued(c), graphed(c);
+  enqueued.load_state_dict(weights.tensors());
+  graphed.load_state_dict(weights.tensors());
+  enqueued.prepare_batches(batches);
+  graphed.prepare_batches(batches);
+  EXPECT_FALSE(graphed.graphed());
+  graphed.capture_step_graphs();
+  ASSERT_TRUE(graphed.graphed());
+  for (int i = 0; i < 4; ++i) {
+    enqueued.enqueue_step(i % 2, stream.stream);
+    const float expected = enqueued.last_loss();
+    graphed.enqueue_step(i % 2, stream.stream);
+    const float loss = graphed.last_loss();
+    ASSERT_TRUE(std::isfinite(loss)) << "step " << i;
+    EXPECT_NEAR(loss, expected, 1e-4 * std::fabs(expected)) << "step " << i;
+  }
+  EXPECT_LE(largest_distance(enqueued.parameters(), graphed.parameters()), 1e-3);
+  graphed.prepare_batches(batches);  // new batches: the graphs read the old ones, so they go
+  EXPECT_FALSE(graphed.graphed());
+}
+
+TEST(StepGraph, CaptureNeedsPreparedBatches) {
+  FUSEKIT_REQUIRE_GPU();
+  FusedBert bert(bert_config(DType::f16), {});
+  EXPECT_THROW(bert.capture_step_graphs(), std::logic_error);
+  FusedSwin swin(parse_swin_config("swin-test:b2:fp16"));
+  EXPECT_THROW(swin.capture_step_graphs(), std::logic_error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, StepGraphTest, ::testing::Values(DType::f16, DType::bf16),
+                         [](const auto& info) { return std::string(kernels::dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace fusekit::models
