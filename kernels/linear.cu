@@ -127,8 +127,26 @@ LinearContext::~LinearContext() {
   cublasLtDestroy(handle_);
 }
 
-void* LinearContext::scratch(int slot, size_t bytes) {
+namespace {
+
+// A plan's first use times its candidates and a scratch buffer grows by allocation: neither can be
+// recorded into a CUDA graph, so a call that needs them while its stream is being captured fails
+// here, with what to do, instead of deep in cudaMalloc.
+void refuse_while_capturing(cudaStream_t stream, const char* what) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  FUSEKIT_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  if (status != cudaStreamCaptureStatusNone) {
+    throw std::logic_error(std::string("linear: ") + what +
+                           " while the stream is captured into a CUDA graph; run the same calls once before "
+                           "capturing them");
+  }
+}
+
+}  // namespace
+
+void* LinearContext::scratch(int slot, size_t bytes, cudaStream_t stream) {
   if (bytes > scratch_bytes_[slot]) {
+    refuse_while_capturing(stream, "a scratch buffer grows");
     FUSEKIT_CUDA_CHECK(cudaFree(scratch_[slot]));  // synchronizes: no call in flight still reads it
     scratch_[slot] = nullptr;
     scratch_bytes_[slot] = 0;
@@ -208,6 +226,7 @@ void LinearContext::run(const Gemm& g, cudaStream_t stream) {
                 static_cast<int>(g.epilogue), alignment,     g.accumulate};
   auto found = plans_.find(key);
   if (found == plans_.end()) {
+    refuse_while_capturing(stream, "a new GEMM plan is made (its candidates are timed)");
     Plan plan;
     cublasLtMatmulPreference_t preference = nullptr;
     try {
@@ -362,9 +381,9 @@ void linear_gelu_backward_input(LinearContext& context, DType dtype, const Linea
     // columns of dy and pre are zero, so those of dpre and dbias are too).
     const int rows = next.rows, columns = next.in_stride();
     const size_t bytes = static_cast<size_t>(rows) * columns * dtype_size(dtype);
-    void* dy = context.scratch(0, bytes);
-    const void* zeros = context.scratch(1, columns * dtype_size(dtype));  // never written: stays zero
-    void* workspace = context.scratch(2, bias_gelu_backward_workspace_bytes(rows, columns));
+    void* dy = context.scratch(0, bytes, stream);
+    const void* zeros = context.scratch(1, columns * dtype_size(dtype), stream);  // never written: stays zero
+    void* workspace = context.scratch(2, bias_gelu_backward_workspace_bytes(rows, columns), stream);
     context.run({dtype, false, false, columns, rows, next.out_stride(), CUBLASLT_EPILOGUE_DEFAULT, weight_next, dz, dy,
                  nullptr, nullptr, false},
                 stream);

@@ -127,7 +127,9 @@ class LinearContext {
   // first calls at a size allocate, later ones do not). slot: 0, 1 or 2, independent buffers.
   // Slot 1 stays zero (linear_gelu_backward_input); slot 2 is the GELU backward's workspace there and
   // the skinny backward's partials: calls that share a context must run on one stream, in order.
-  void* scratch(int slot, size_t bytes);
+  // A buffer that must grow while `stream` is captured into a CUDA graph throws std::logic_error,
+  // as does the first GEMM of a plan (run the calls once before capturing them).
+  void* scratch(int slot, size_t bytes, cudaStream_t stream);
 
  private:
   struct Plan {

@@ -128,7 +128,7 @@ void backward_typed(LinearContext& context, const LinearShape& s, const void* dy
   // The partials: [blocks][N * K] for dW, then [blocks][N] for db.
   auto partials = [&](int blocks) {
     return static_cast<float*>(
-        context.scratch(2, static_cast<size_t>(blocks) * (static_cast<size_t>(N) * K + N) * sizeof(float)));
+        context.scratch(2, static_cast<size_t>(blocks) * (static_cast<size_t>(N) * K + N) * sizeof(float), stream));
   };
   int grid = 0;
   float* partial = nullptr;

@@ -469,6 +469,19 @@ void FusedBert::capture_step_graphs() {
     throw std::logic_error("fused bert: a step with a gradient exchange is not captured (it waits on the host)");
   if (device_batches_.empty()) throw std::logic_error("fused bert: capture_step_graphs needs prepare_batches first");
   graphs_.clear();
+  // Each batch's forward and backward once first, uncaptured: the GEMMs' plans and scratch buffers
+  // are made on first use (kernels/linear.h), which a capture cannot record. No update, and the
+  // dropout step counter is put back: the next step draws the masks it would have drawn.
+  FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());  // steps enqueued on other streams: done
+  uint64_t counter = 0;
+  FUSEKIT_CUDA_CHECK(cudaMemcpy(&counter, step_counter_, sizeof counter, cudaMemcpyDeviceToHost));
+  for (const DeviceBatch& batch : device_batches_) {
+    forward(batch, stream_);
+    backward(batch, stream_);
+  }
+  FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  FUSEKIT_CUDA_CHECK(cudaMemcpy(step_counter_, &counter, sizeof counter, cudaMemcpyHostToDevice));
+  FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may return before it lands
   std::vector<std::unique_ptr<StepGraph>> graphs;
   for (size_t i = 0; i < device_batches_.size(); ++i) {
     graphs.push_back(std::make_unique<StepGraph>([&](cudaStream_t stream) {

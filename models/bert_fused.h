@@ -63,6 +63,7 @@ class FusedBert final : public BertMlmModel {
   void enqueue_step(int batch_index, cudaStream_t stream) override;
   // Captures each prepared batch's step (forward, backward, AdamW) as a CUDA graph
   // (models/step_graph.h), which enqueue_step replays from then on; prepare_batches drops them.
+  // Runs each batch's forward and backward once first (no update; the dropout step is restored).
   // Throws std::logic_error with a gradient exchange set or before prepare_batches.
   void capture_step_graphs();
   bool graphed() const { return !graphs_.empty(); }

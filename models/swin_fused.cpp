@@ -409,7 +409,7 @@ void FusedSwin::prepare_batches(const std::vector<SwinBatch>& batches) {
   }
 }
 
-void FusedSwin::enqueue_prepared(int batch_index, cudaStream_t stream) {
+void FusedSwin::enqueue_prepared(int batch_index, cudaStream_t stream, bool update) {
   char* p = static_cast<char*>(batches_.at(static_cast<size_t>(batch_index)));
   const size_t pixels =
       static_cast<size_t>(config_.batch) * config_.in_channels * config_.image_size * config_.image_size;
@@ -417,7 +417,7 @@ void FusedSwin::enqueue_prepared(int batch_index, cudaStream_t stream) {
   const auto* labels = reinterpret_cast<const int64_t*>(p + image_bytes);
   forward(p, labels, stream);
   backward(labels, stream);
-  optimizer_step(stream);
+  if (update) optimizer_step(stream);
 }
 
 void FusedSwin::enqueue_step(int batch_index, cudaStream_t stream) {
@@ -427,7 +427,7 @@ void FusedSwin::enqueue_step(int batch_index, cudaStream_t stream) {
   if (!graphs_.empty()) {
     graphs_[static_cast<size_t>(batch_index)]->launch(stream);
   } else {
-    enqueue_prepared(batch_index, stream);
+    enqueue_prepared(batch_index, stream, true);
   }
   last_stream_ = stream;
 }
@@ -435,10 +435,16 @@ void FusedSwin::enqueue_step(int batch_index, cudaStream_t stream) {
 void FusedSwin::capture_step_graphs() {
   if (batches_.empty()) throw std::logic_error("fused swin: capture_step_graphs needs prepare_batches first");
   graphs_.clear();
+  // Each batch's forward and backward once first, uncaptured: the GEMMs' plans and scratch buffers
+  // are made on first use (kernels/linear.h), which a capture cannot record. No update: the
+  // parameters and the optimizer's state are those of before the call.
+  FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());  // steps enqueued on other streams: done
+  for (size_t i = 0; i < batches_.size(); ++i) enqueue_prepared(static_cast<int>(i), stream_, false);
+  FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   std::vector<std::unique_ptr<StepGraph>> graphs;
   for (size_t i = 0; i < batches_.size(); ++i) {
     graphs.push_back(
-        std::make_unique<StepGraph>([&](cudaStream_t stream) { enqueue_prepared(static_cast<int>(i), stream); }));
+        std::make_unique<StepGraph>([&](cudaStream_t stream) { enqueue_prepared(static_cast<int>(i), stream, true); }));
   }
   graphs_ = std::move(graphs);
 }

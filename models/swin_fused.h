@@ -74,7 +74,8 @@ class FusedSwin final {
   void prepare_batches(const std::vector<SwinBatch>& batches);
   void enqueue_step(int batch_index, cudaStream_t stream);
   // Captures each prepared batch's step as a CUDA graph (models/step_graph.h), which enqueue_step
-  // replays from then on; prepare_batches drops them. std::logic_error before prepare_batches.
+  // replays from then on; prepare_batches drops them. Runs each batch's forward and backward once
+  // first (no update). std::logic_error before prepare_batches.
   void capture_step_graphs();
   bool graphed() const { return !graphs_.empty(); }
   float last_loss();
@@ -88,7 +89,7 @@ class FusedSwin final {
   void forward(const void* images, const int64_t* labels, cudaStream_t stream);
   void backward(const int64_t* labels, cudaStream_t stream);
   void optimizer_step(cudaStream_t stream);
-  void enqueue_prepared(int batch_index, cudaStream_t stream);  // forward, backward, AdamW
+  void enqueue_prepared(int batch_index, cudaStream_t stream, bool update);  // forward, backward[, AdamW]
   void* buffer(const std::string& name) const;
   void* parameter(const std::string& name) const;
   void* gradient(const std::string& name) const;
