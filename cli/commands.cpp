@@ -137,6 +137,7 @@ int bench(const BenchOptions& o) {
     throw std::invalid_argument("--ops selects operators of --suite ops, attention or models (for one case: --op)");
   }
   if (ops) ops_cases = suites::ops_cases({o.op, o.shape, o.dtype, o.backward, o.ops, o.op.empty() ? o.suite : "ops"});
+  profiler::check_commit_override();        // before the store exists
   const suites::InterruptScope interrupts;  // SIGINT, SIGTERM: stop between cases, keep what was recorded
   suites::Session session({o.db, o.label, o.argv, o.allow_dropped});  // from here on, the run is recorded
   try {
@@ -190,6 +191,7 @@ int trace(const TraceOptions& o) {
     throw std::invalid_argument("no command to trace (usage: fusekit trace --db out.db -- cmd ...)");
   const suites::InterruptScope interrupts;  // SIGINT, SIGTERM: passed on to the command, the run kept
 
+  profiler::check_commit_override();  // before the store exists
   Store store = Store::open(o.db, Store::Mode::create);
   const profiler::Environment env = profiler::read_environment();
   const int64_t run = suites::begin_run(store, o.label, o.command, env);

@@ -46,7 +46,8 @@ std::string first_line_of(const std::string& command) {
 // to tracked files that are not committed gets a warning: the commit recorded does not describe
 // what was built (a tree copied over an older checkout looks like that too).
 std::string git_commit() {
-  if (const char* given = std::getenv("FUSEKIT_GIT_COMMIT"); given && is_commit(given)) return given;
+  check_commit_override();
+  if (const char* given = std::getenv("FUSEKIT_GIT_COMMIT"); given && *given) return given;
   const std::string git = "git -C '" FUSEKIT_SOURCE_DIR "' ";
   const std::string head = first_line_of(git + "rev-parse HEAD 2>/dev/null");
   if (is_commit(head)) {
@@ -93,6 +94,17 @@ std::string gpu_unavailable_reason() {
   if (status != cudaSuccess) return cudaGetErrorString(status);
   if (count == 0) return "no CUDA-capable device is detected";
   return "";
+}
+
+void check_commit_override() {
+  // A short or mistyped id would otherwise be dropped for the tree's own commit, which a copy of
+  // the tree may not describe: the run would record the wrong commit.
+  const char* given = std::getenv("FUSEKIT_GIT_COMMIT");
+  if (given && *given && !is_commit(given)) {
+    throw std::invalid_argument(std::string("FUSEKIT_GIT_COMMIT must be a full commit id (40 lowercase hex digits, as "
+                                            "`git rev-parse HEAD` prints it), not '") +
+                                given + "'");
+  }
 }
 
 Environment read_environment() {

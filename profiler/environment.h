@@ -22,6 +22,10 @@ struct Environment {
 
 Environment read_environment();
 
+// Throws std::invalid_argument where FUSEKIT_GIT_COMMIT is set to anything but a full commit id:
+// commands call it before they create a store, so that bad input leaves nothing behind.
+void check_commit_override();
+
 // "" if none; otherwise the reason (e.g. "no CUDA-capable device is detected").
 std::string gpu_unavailable_reason();
 

@@ -105,6 +105,8 @@ if [ "$lines" = 1 ]; then passed=$((passed + 1)); else
   failures=$((failures + 1))
 fi
 expect 1 "schema version 99" -- "$FUSEKIT" trace --db "$work/v99.db" -- true
+expect 2 "^fusekit: FUSEKIT_GIT_COMMIT must be a full commit id .*not '0c9403b'$" -- env FUSEKIT_GIT_COMMIT=0c9403b "$FUSEKIT" trace --db "$work/short.db" -- true
+if [ -e "$work/short.db" ]; then echo "FAIL: a refused FUSEKIT_GIT_COMMIT left a store"; failures=$((failures + 1)); else passed=$((passed + 1)); fi
 # Without a GPU, bench says so in one line, exits 1 and creates no store (where a GPU is, it would run).
 if ! nvidia-smi -L >/dev/null 2>&1; then
   expect 1 "^fusekit: no GPU: " -- "$FUSEKIT" bench --db "$work/nogpu.db"
