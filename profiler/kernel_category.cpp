@@ -110,6 +110,10 @@ constexpr Rule kRules[] = {
     {Match::contains, "triton_tem_", C::gemm},
     {Match::contains, "skinny_forward", C::gemm},
     {Match::contains, "skinny_backward", C::gemm},
+    // Convolutions (timm's patch embedding under cuDNN): the kernels and the weight gradient's.
+    {Match::contains, "cudnn::cnn::", C::gemm},
+    {Match::contains, "wgrad_alg", C::gemm},
+    {Match::contains, "convolve", C::gemm},
 
     // Moving data: PyTorch's copies and casts (direct_copy_kernel_cuda and friends are
     // elementwise_kernel instances), fills, concatenation, roll; gathers, scatters and indexing;
@@ -136,6 +140,9 @@ constexpr Rule kRules[] = {
     {Match::contains, "DeviceSelect", C::copy},
     {Match::contains, "DeviceCompact", C::copy},
     {Match::contains, "DeviceScan", C::copy},
+    {Match::contains, "patch_columns", C::copy},  // Swin's patch embedding as a GEMM: its im2col
+    {Match::contains, "nchwToNhwc", C::copy},     // cuDNN's layout conversions around a convolution
+    {Match::contains, "nhwcToNchw", C::copy},
     {Match::contains, "window_merge", C::copy},
     {Match::contains, "window_partition", C::copy},
     {Match::contains, "swin_window", C::copy},
@@ -147,8 +154,8 @@ constexpr Rule kRules[] = {
 
     // Pointwise kernels and reductions: PyTorch's TensorIterator kernels (elementwise_kernel,
     // vectorized_ / unrolled_elementwise_kernel, reduce_kernel), dropout, activations, random
-    // numbers, masks; fusekit's bias + GELU; the rest of Triton's pointwise (poi), persistent (per)
-    // and reduction (red) kernels.
+    // numbers, masks; fusekit's bias + GELU, residual adds, token mean and dropout step counter; the
+    // rest of Triton's pointwise (poi), persistent (per) and reduction (red) kernels.
     {Match::contains, "elementwise", C::elementwise},
     {Match::contains, "reduce_kernel", C::elementwise},
     {Match::contains, "DeviceReduce", C::elementwise},
@@ -160,13 +167,17 @@ constexpr Rule kRules[] = {
     {Match::contains, "relu", C::elementwise},
     {Match::contains, "silu", C::elementwise},
     {Match::contains, "triu_tril", C::elementwise},
+    {Match::contains, "residual_add", C::elementwise},          // fusekit's Swin residual adds
+    {Match::contains, "token_mean", C::elementwise},            // fusekit's Swin average pool
+    {Match::contains, "advance_step_counter", C::elementwise},  // fusekit's dropout step
     {Match::contains, "triton_", C::elementwise},
     {Match::contains, "fusekit::suites::", C::elementwise},  // the demo suite's scale and add kernels
 };
 
 // A Triton kernel is named triton_<kind>_fused_<the fused operators>_<n>. True if every word of
 // the operators is one of a copy, cast, fill or view: such a kernel moves data, it computes nothing.
-// The words of GEMM operators count too: Inductor names the layout copy of a GEMM's operand after it.
+// The words of GEMM and convolution operators count too: Inductor names the layout copy of a GEMM's
+// operand after it. Swin's cyclic shift (roll) and the QKV split (unbind) move data too.
 bool triton_moves_data_only(std::string_view name) {
   const size_t fused = name.find("_fused_");
   if (name.rfind("triton_", 0) != 0 || fused == std::string_view::npos) return false;
@@ -175,10 +186,10 @@ bool triton_moves_data_only(std::string_view name) {
   if (last == std::string_view::npos) return false;  // no operators before the number
   operators = operators.substr(0, last);
   static constexpr std::string_view kDataMoving[] = {
-      "to",      "copy",   "clone", "view",   "permute", "transpose", "t",          "cat",      "unsqueeze",
-      "squeeze", "expand", "slice", "select", "unsafe",  "reshape",   "contiguous", "as",       "strided",
-      "new",     "zeros",  "zero",  "empty",  "fill",    "full",      "ones",       "lift",     "fresh",
-      "alias",   "mm",     "addmm", "bmm",    "split",   "with",      "sizes",      "constant", "pad"};
+      "to",     "copy",  "clone",  "view",   "permute",  "transpose",  "t",      "cat",     "unsqueeze", "squeeze",
+      "expand", "slice", "select", "unsafe", "reshape",  "contiguous", "as",     "strided", "new",       "zeros",
+      "zero",   "empty", "fill",   "full",   "ones",     "lift",       "fresh",  "alias",   "mm",        "addmm",
+      "bmm",    "split", "with",   "sizes",  "constant", "pad",        "unbind", "stack",   "roll",      "convolution"};
   bool any = false;
   size_t begin = 0;
   while (begin <= operators.size()) {
