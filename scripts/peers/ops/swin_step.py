@@ -20,6 +20,8 @@ float32 throughout, TF32 off for matrix products and convolutions, no loss scali
 baseline that the Swin talk's speedups are quoted against: AMP 1.63x, fused LayerNorm + Adam 2.11x,
 fused window ops 2.19x, fused attention 2.85x).
 Each variant starts afresh from the same seeded weights; its peak memory is stored with it.
+Ranges: swin.step > swin.forward, swin.backward, swin.optimizer, and in the eager variants the
+forward's stages and blocks as the fused step names them (mark_stages).
 """
 import gc
 import sys
@@ -56,6 +58,31 @@ def make_model(preset: str):
     torch.manual_seed(WEIGHT_SEED)
     model = timm.create_model(PRESETS[preset], pretrained=False, num_classes=CLASSES, drop_path_rate=0.0)
     return model.to("cuda").train()
+
+
+def mark_stages(model):
+    """NVTX ranges around the forward of timm's patch embedding, each stage's downsample and blocks
+    and the head, named as the fused step's (swin.patch_embed, swin.stage.S.downsample,
+    swin.stage.S.block.B, swin.head), so that the report puts the eager peers' per-stage shares
+    beside the fused and baseline steps'. Forward hooks only: the backward's kernels come from
+    autograd's thread and are placed in swin.backward by time. Eager variants only (torch.compile
+    would trace the hooks). A model without timm's layout is left unmarked, with a line on stderr."""
+    nvtx = torch.cuda.nvtx
+
+    def mark(module, name):
+        module.register_forward_pre_hook(lambda *_: nvtx.range_push(name))
+        module.register_forward_hook(lambda *_: nvtx.range_pop())
+
+    try:
+        mark(model.patch_embed, "swin.patch_embed")
+        for s, stage in enumerate(model.layers):
+            if not isinstance(stage.downsample, torch.nn.Identity):
+                mark(stage.downsample, f"swin.stage.{s}.downsample")
+            for b, block in enumerate(stage.blocks):
+                mark(block, f"swin.stage.{s}.block.{b}")
+        mark(model.head, "swin.head")
+    except AttributeError as e:
+        print(f"swin_step: per-stage ranges left out ({e})", file=sys.stderr)
 
 
 def make_optimizer(model):
@@ -102,6 +129,8 @@ def make_case(case):
         if variant.startswith("fusekit"):
             report = fusekit_torch().patch(model, warn=False)
             print(f"swin_step: {case.name} [peer:{variant}]: fusekit.torch.patch:\n{report}", file=sys.stderr)
+        if not variant.endswith("compile"):
+            mark_stages(model)
         optimizer = make_optimizer(model)
         fp32 = variant == "eager-fp32"
         if fp32:
