@@ -103,12 +103,14 @@ void* FusedBert::gradient(const std::string& name) const { return trainer_->grad
 
 // A site's Philox key is a function of the seed and the site; the step enters as the counter offset,
 // read on the device (kernels/step_counter.h), so that a captured step replays with fresh masks.
+uint64_t FusedBert::dropout_key(uint64_t seed, int site) { return mix(mix(seed) + static_cast<uint64_t>(site)); }
+
 kernels::Dropout FusedBert::dropout(float p, int site) const {
-  return {p, mix(mix(options_.seed) + static_cast<uint64_t>(site)), 0, step_counter_};
+  return {p, dropout_key(options_.seed, site), 0, step_counter_};
 }
 
 kernels::BertAttentionDropout FusedBert::attention_dropout(float p, int site) const {
-  return {p, mix(mix(options_.seed) + static_cast<uint64_t>(site)), 0, step_counter_};
+  return {p, dropout_key(options_.seed, site), 0, step_counter_};
 }
 
 void FusedBert::load_state_dict(const std::vector<TensorView>& tensors) {

@@ -78,6 +78,12 @@ class FusedBert final : public BertMlmModel {
   // The learning rate of the steps enqueued from now on (a schedule's).
   void set_learning_rate(double lr) { options_.lr = lr; }
 
+  // The Philox key of dropout site `site` (0 the embeddings; 1 + 3l, 2 + 3l, 3 + 3l layer l's
+  // attention probabilities, attention output and FFN output) for seed `seed`; a step's masks draw
+  // at counter offset (forward passes so far, this one included): kernels/detail/philox.cuh's
+  // dropout_kept(key, offset, element, threshold) regenerates them on the host.
+  static uint64_t dropout_key(uint64_t seed, int site);
+
   const MemoryPlan& memory_plan() const { return *plan_; }
   const BertParameterLayout& layout() const { return layout_; }
 

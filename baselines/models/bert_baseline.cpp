@@ -6,6 +6,7 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -17,6 +18,21 @@ namespace fusekit::baselines {
 namespace detail {
 
 namespace F = torch::nn::functional;
+
+// Set by BaselineBert::set_dropout_masks: each dropout site's mask comes from it instead of torch's
+// generator (a site: 0 the embeddings, 1 + 3l layer l's attention probabilities, 2 + 3l its attention
+// output, 3 + 3l its FFN output, models/bert_fused.h's numbering).
+struct DropoutOverride {
+  BaselineBert::DropoutMasks masks;
+  double p = 0;
+};
+
+// dropout(x) at `site`: torch's where no masks are given (or not training), else x * mask / (1 - p).
+at::Tensor site_dropout(const at::Tensor& x, int site, const DropoutOverride& o, torch::nn::Dropout& dropout,
+                        bool training) {
+  if (!training || !o.masks) return dropout(x);
+  return x * o.masks(site, x.sizes()).to(x.scalar_type()) * (1.0 / (1.0 - o.p));
+}
 
 torch::nn::LayerNormOptions layer_norm_options(const models::BertConfig& c) {
   return torch::nn::LayerNormOptions(std::vector<int64_t>{c.hidden}).eps(c.layer_norm_eps);
@@ -30,8 +46,9 @@ at::Tensor gelu_tanh(const at::Tensor& x) { return F::gelu(x, F::GELUFuncOptions
 
 class BertEmbeddingsImpl : public torch::nn::Module {
  public:
-  explicit BertEmbeddingsImpl(const models::BertConfig& c)
-      : word_embeddings(register_module(
+  BertEmbeddingsImpl(const models::BertConfig& c, std::shared_ptr<const DropoutOverride> masks)
+      : masks_(std::move(masks)),
+        word_embeddings(register_module(
             "word_embeddings",
             torch::nn::Embedding(torch::nn::EmbeddingOptions(c.vocab, c.hidden).padding_idx(models::kPadToken)))),
         position_embeddings(register_module("position_embeddings", torch::nn::Embedding(c.max_positions, c.hidden))),
@@ -42,9 +59,10 @@ class BertEmbeddingsImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& token_type_ids, const at::Tensor& position_ids) {
     at::Tensor embeddings = word_embeddings(input_ids) + token_type_embeddings(token_type_ids);
     embeddings += position_embeddings(position_ids);  // [1, seq, hidden], broadcast over the batch
-    return dropout(layer_norm(embeddings));
+    return site_dropout(layer_norm(embeddings), 0, *masks_, dropout, is_training());
   }
 
+  std::shared_ptr<const DropoutOverride> masks_;
   torch::nn::Embedding word_embeddings, position_embeddings, token_type_embeddings;
   torch::nn::LayerNorm layer_norm;
   torch::nn::Dropout dropout;
@@ -55,13 +73,15 @@ TORCH_MODULE(BertEmbeddings);
 // and dropout on the probabilities while training.
 class BertSelfAttentionImpl : public torch::nn::Module {
  public:
-  explicit BertSelfAttentionImpl(const models::BertConfig& c)
+  BertSelfAttentionImpl(const models::BertConfig& c, std::shared_ptr<const DropoutOverride> masks, int site)
       : query(register_module("query", torch::nn::Linear(c.hidden, c.hidden))),
         key(register_module("key", torch::nn::Linear(c.hidden, c.hidden))),
         value(register_module("value", torch::nn::Linear(c.hidden, c.hidden))),
         heads_(c.heads),
         head_dim_(c.head_dim()),
-        dropout_p_(c.dropout) {}
+        dropout_p_(c.dropout),
+        masks_(std::move(masks)),
+        site_(site) {}
 
   at::Tensor forward(const at::Tensor& hidden, const at::Tensor& mask) {
     const int64_t batch = hidden.size(0), seq = hidden.size(1);
@@ -72,7 +92,15 @@ class BertSelfAttentionImpl : public torch::nn::Module {
     const at::Tensor q = heads_first(query(hidden));
     const at::Tensor k = heads_first(key(hidden));
     const at::Tensor v = heads_first(value(hidden));
-    const at::Tensor context = at::scaled_dot_product_attention(q, k, v, mask, is_training() ? dropout_p_ : 0.0);
+    at::Tensor context;
+    if (is_training() && masks_->masks) {  // SDPA's math, with the given mask on the probabilities
+      const at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(head_dim_))) + mask;
+      const at::Tensor probabilities = at::softmax(scores, -1);
+      const at::Tensor kept = masks_->masks(site_, probabilities.sizes()).to(probabilities.scalar_type());
+      context = at::matmul(probabilities * kept * (1.0 / (1.0 - dropout_p_)), v);
+    } else {
+      context = at::scaled_dot_product_attention(q, k, v, mask, is_training() ? dropout_p_ : 0.0);
+    }
     return context.transpose(1, 2).reshape({batch, seq, heads_ * head_dim_});
   }
 
@@ -81,21 +109,28 @@ class BertSelfAttentionImpl : public torch::nn::Module {
  private:
   int64_t heads_, head_dim_;
   double dropout_p_;
+  std::shared_ptr<const DropoutOverride> masks_;
+  int site_;
 };
 TORCH_MODULE(BertSelfAttention);
 
 // BertSelfOutput and BertOutput: dense, dropout, LayerNorm of the sum with the block's input.
 class BertOutputImpl : public torch::nn::Module {
  public:
-  BertOutputImpl(int64_t in_features, const models::BertConfig& c)
-      : dense(register_module("dense", torch::nn::Linear(in_features, c.hidden))),
+  BertOutputImpl(int64_t in_features, const models::BertConfig& c, std::shared_ptr<const DropoutOverride> masks,
+                 int site)
+      : masks_(std::move(masks)),
+        site_(site),
+        dense(register_module("dense", torch::nn::Linear(in_features, c.hidden))),
         layer_norm(register_module("LayerNorm", torch::nn::LayerNorm(layer_norm_options(c)))),
         dropout(register_module("dropout", torch::nn::Dropout(c.dropout))) {}
 
   at::Tensor forward(const at::Tensor& hidden, const at::Tensor& input) {
-    return layer_norm(dropout(dense(hidden)) + input);
+    return layer_norm(site_dropout(dense(hidden), site_, *masks_, dropout, is_training()) + input);
   }
 
+  std::shared_ptr<const DropoutOverride> masks_;
+  int site_;
   torch::nn::Linear dense;
   torch::nn::LayerNorm layer_norm;
   torch::nn::Dropout dropout;
@@ -104,9 +139,9 @@ TORCH_MODULE(BertOutput);
 
 class BertAttentionImpl : public torch::nn::Module {
  public:
-  explicit BertAttentionImpl(const models::BertConfig& c)
-      : self_attention(register_module("self", BertSelfAttention(c))),
-        output(register_module("output", BertOutput(c.hidden, c))) {}
+  BertAttentionImpl(const models::BertConfig& c, const std::shared_ptr<const DropoutOverride>& masks, int layer)
+      : self_attention(register_module("self", BertSelfAttention(c, masks, 1 + 3 * layer))),
+        output(register_module("output", BertOutput(c.hidden, c, masks, 2 + 3 * layer))) {}
 
   at::Tensor forward(const at::Tensor& hidden, const at::Tensor& mask) {
     return output(self_attention(hidden, mask), hidden);
@@ -130,10 +165,10 @@ TORCH_MODULE(BertIntermediate);
 
 class BertLayerImpl : public torch::nn::Module {
  public:
-  explicit BertLayerImpl(const models::BertConfig& c)
-      : attention(register_module("attention", BertAttention(c))),
+  BertLayerImpl(const models::BertConfig& c, const std::shared_ptr<const DropoutOverride>& masks, int layer)
+      : attention(register_module("attention", BertAttention(c, masks, layer))),
         intermediate(register_module("intermediate", BertIntermediate(c))),
-        output(register_module("output", BertOutput(c.intermediate, c))) {}
+        output(register_module("output", BertOutput(c.intermediate, c, masks, 3 + 3 * layer))) {}
 
   at::Tensor forward(const at::Tensor& hidden, const at::Tensor& mask) {
     const at::Tensor attention_output = attention(hidden, mask);
@@ -148,9 +183,10 @@ TORCH_MODULE(BertLayer);
 
 class BertEncoderImpl : public torch::nn::Module {
  public:
-  explicit BertEncoderImpl(const models::BertConfig& c) : layer(register_module("layer", torch::nn::ModuleList())) {
+  BertEncoderImpl(const models::BertConfig& c, const std::shared_ptr<const DropoutOverride>& masks)
+      : layer(register_module("layer", torch::nn::ModuleList())) {
     for (int i = 0; i < c.layers; ++i) {
-      layers_.push_back(BertLayer(c));
+      layers_.push_back(BertLayer(c, masks, i));
       layer->push_back(layers_.back());  // registered as "<i>"
     }
   }
@@ -172,9 +208,9 @@ TORCH_MODULE(BertEncoder);
 
 class BertModelImpl : public torch::nn::Module {
  public:
-  explicit BertModelImpl(const models::BertConfig& c)
-      : embeddings(register_module("embeddings", BertEmbeddings(c))),
-        encoder(register_module("encoder", BertEncoder(c))) {}
+  BertModelImpl(const models::BertConfig& c, const std::shared_ptr<const DropoutOverride>& masks)
+      : embeddings(register_module("embeddings", BertEmbeddings(c, masks))),
+        encoder(register_module("encoder", BertEncoder(c, masks))) {}
 
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& token_type_ids, const at::Tensor& position_ids,
                      const at::Tensor& attention_mask) {
@@ -245,8 +281,10 @@ TORCH_MODULE(BertOnlyMLMHead);
 
 class BertForMaskedLMImpl : public torch::nn::Module {
  public:
-  explicit BertForMaskedLMImpl(const models::BertConfig& c)
-      : bert(register_module("bert", BertModel(c))), cls(register_module("cls", BertOnlyMLMHead(c))), vocab_(c.vocab) {}
+  BertForMaskedLMImpl(const models::BertConfig& c, const std::shared_ptr<const DropoutOverride>& masks)
+      : bert(register_module("bert", BertModel(c, masks))),
+        cls(register_module("cls", BertOnlyMLMHead(c))),
+        vocab_(c.vocab) {}
 
   // The mean masked-LM loss of the batch.
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& token_type_ids, const at::Tensor& position_ids,
@@ -300,7 +338,8 @@ BaselineBert::BaselineBert(const models::BertConfig& config, const models::BertT
       precision_(precision),
       layout_(config_, models::QkvLayout::separate, kernels::DType::f32),
       device_(at::kCUDA, c10::cuda::current_device()),
-      model_(std::make_shared<detail::BertForMaskedLMImpl>(config_)),
+      masks_(std::make_shared<detail::DropoutOverride>()),
+      model_(std::make_shared<detail::BertForMaskedLMImpl>(config_, masks_)),
       runner_(device_, "bert baseline") {
   init_weights(*model_, options.seed);
   model_->to(device_);
@@ -328,6 +367,11 @@ BaselineBert::BaselineBert(const models::BertConfig& config, const models::BertT
 }
 
 BaselineBert::~BaselineBert() = default;  // runner_ waits for the last step first
+
+void BaselineBert::set_dropout_masks(DropoutMasks masks) {
+  masks_->masks = std::move(masks);
+  masks_->p = config_.dropout;
+}
 
 const char* BaselineBert::variant() const {
   return precision_ == BaselinePrecision::amp ? "baseline" : "baseline-fp32";

@@ -37,6 +37,7 @@
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -49,7 +50,8 @@ namespace fusekit::baselines {
 
 namespace detail {
 class BertForMaskedLMImpl;  // the torch::nn module tree (bert_baseline.cpp)
-}
+struct DropoutOverride;
+}  // namespace detail
 
 class BaselineBert : public models::BertMlmModel {
  public:
@@ -71,6 +73,14 @@ class BaselineBert : public models::BertMlmModel {
   std::vector<models::HostTensor> gradients() override;
   std::vector<models::HostTensor> parameters() override;
 
+  // For tests: the dropout masks of every later training forward come from `masks` (site, sizes)
+  // -> a {0, 1} tensor of those sizes on the device, site as models/bert_fused.h numbers them (0
+  // the embeddings; 1 + 3l, 2 + 3l, 3 + 3l layer l's attention probabilities, attention output and
+  // FFN output), kept elements scaled by 1 / (1 - p); the attention then runs SDPA's math in
+  // separate operators. An empty function returns to torch's generator.
+  using DropoutMasks = std::function<at::Tensor(int site, at::IntArrayRef sizes)>;
+  void set_dropout_masks(DropoutMasks masks);
+
  private:
   // A batch on the device, as a data loader hands it to BertForMaskedLM (int64 [batch, seq] each;
   // attention_mask 1 for real tokens, 0 for padding, from the lengths).
@@ -86,6 +96,7 @@ class BaselineBert : public models::BertMlmModel {
   BaselinePrecision precision_;
   models::BertParameterLayout layout_;  // separate query, key and value; the order of parameters_
   at::Device device_;
+  std::shared_ptr<detail::DropoutOverride> masks_;  // shared with the modules; before model_
   std::shared_ptr<detail::BertForMaskedLMImpl> model_;
   std::vector<at::Tensor> parameters_;  // the module's parameters in layout_'s order
   std::unique_ptr<AmpAdamW> trainer_;   // GradScaler (static scale) + AdamW(fused=True), two groups

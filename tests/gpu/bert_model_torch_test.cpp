@@ -9,6 +9,7 @@
 // - dropout: a step's masks differ from the last step's, and the same seed gives the same losses;
 // - a step whose gradients overflow is skipped.
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,6 +22,7 @@
 
 #include "baselines/models/bert_baseline.h"
 #include "gpu_test_support.h"
+#include "kernels/detail/philox.cuh"
 #include "models/bert_checkpoint.h"
 #include "models/bert_fused.h"
 #include "models/bert_init.h"
@@ -110,6 +112,21 @@ void diagnose_excursion(const BertConfig& config, const BertTrainOptions& option
       "baseline fp32 %.4f, baseline AMP %.4f\n",
       step, again, fused_still.forward_backward(batch), fp32_still.forward_backward(batch),
       amp_still.forward_backward(batch));
+  // The baseline in fp32 with the fused step's own masks (regenerated on the host from the same
+  // Philox stream): a loss like the fused one says these masks do it to the model; a loss like the
+  // others' says a fused kernel applies them wrongly.
+  baselines::BaselineBert fp32_masked(config, options, baselines::BaselinePrecision::fp32);
+  fp32_masked.load_state_dict(views);
+  const uint32_t threshold = kernels::dropout_threshold(config.dropout);
+  const uint64_t offset = static_cast<uint64_t>(step) + 1;  // forward passes so far, this one included
+  fp32_masked.set_dropout_masks([&](int site, at::IntArrayRef sizes) {
+    const uint64_t key = FusedBert::dropout_key(options.seed, site);
+    std::vector<float> kept(static_cast<size_t>(c10::multiply_integers(sizes)));
+    for (size_t e = 0; e < kept.size(); ++e) kept[e] = kernels::dropout_kept(key, offset, e, threshold) ? 1.f : 0.f;
+    return torch::from_blob(kept.data(), sizes, torch::kFloat).clone().to(torch::kCUDA);
+  });
+  std::printf("  step %d: the baseline in fp32 with the fused step's masks: %.4f\n", step,
+              fp32_masked.forward_backward(batch));
   int masked = 0;
   for (int64_t label : batch.labels) masked += label >= 0;
   std::printf("  step %d's batch: %d masked tokens\n", step, masked);
