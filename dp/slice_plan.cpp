@@ -26,6 +26,29 @@ SlicePlan plan_slices(std::span<const uint64_t> own_histogram, std::span<const u
   return plan;
 }
 
+ExchangePlan plan_exchange(std::span<const uint64_t> histograms, size_t stride, size_t bins, int ranks, int me,
+                           uint64_t elements, SlicePartition kind) {
+  if (ranks < 1 || me < 0 || me >= ranks || stride < bins || histograms.size() != static_cast<size_t>(ranks) * stride) {
+    throw std::invalid_argument("exchange plan: " + std::to_string(histograms.size()) + " words for " +
+                                std::to_string(ranks) + " ranks of " + std::to_string(stride) + " (bins " +
+                                std::to_string(bins) + ", rank " + std::to_string(me) + ")");
+  }
+  auto row = [&](int s) { return histograms.subspan(static_cast<size_t>(s) * stride, bins); };
+  ExchangePlan plan;
+  plan.loads.assign(bins, 0);
+  for (int s = 0; s < ranks; ++s) {
+    const auto h = row(s);
+    for (size_t b = 0; b < bins; ++b) plan.loads[b] += h[b];
+  }
+  plan.counts.reserve(static_cast<size_t>(ranks) * ranks);
+  for (int s = 0; s < ranks; ++s) {
+    SlicePlan one = plan_slices(row(s), plan.loads, ranks, elements, kind);
+    plan.counts.insert(plan.counts.end(), one.send_counts.begin(), one.send_counts.end());
+    if (s == me) plan.mine = std::move(one);
+  }
+  return plan;
+}
+
 GatherPlan plan_gather(std::span<const uint64_t> edges, std::span<const uint64_t> nonzero) {
   if (edges.size() != nonzero.size() + 1)
     throw std::invalid_argument("gather plan: " + std::to_string(edges.size()) + " edges for " +

@@ -50,6 +50,20 @@ struct SlicePlan {
 SlicePlan plan_slices(std::span<const uint64_t> own_histogram, std::span<const uint64_t> loads, int ranks,
                       uint64_t elements, SlicePartition kind);
 
+// From every rank's histogram at once (`histograms`: ranks rows of `stride` >= bins words, row s
+// rank s's bins first, as an allgather of the histograms lays them out): the loads, this rank's
+// plan, and count(s, r), the entries rank s sends to slice r, for every pair. One allgather of the
+// histograms thus gives what an allreduce of them and an allgather of the send counts gave, in one
+// round trip instead of two: the slices end on bin edges, so every rank's counts follow from its
+// histogram (plan_slices).
+struct ExchangePlan {
+  SlicePlan mine;                // rank `me`'s
+  std::vector<uint64_t> loads;   // bins: the entries in each bin over all ranks
+  std::vector<uint64_t> counts;  // ranks x ranks, row-major: counts[s * ranks + r] = count(s, r)
+};
+ExchangePlan plan_exchange(std::span<const uint64_t> histograms, size_t stride, size_t bins, int ranks, int me,
+                           uint64_t elements, SlicePartition kind);
+
 struct GatherPlan {
   std::vector<bool> dense;        // per slice
   std::vector<uint64_t> offsets;  // P + 1: the entry slices' starts in the gather buffer

@@ -34,13 +34,11 @@ ncclDataType_t nccl_type(kernels::DType dtype) {
 
 // Offsets into the metadata array (64-bit words).
 struct MetadataLayout {
-  size_t histogram, loads, send_counts, count_matrix, own_count, all_counts, own_nonzero, all_nonzero, size;
+  size_t histogram, all_histograms, own_count, all_counts, own_nonzero, all_nonzero, size;
   MetadataLayout(size_t bins, size_t ranks) {
-    histogram = 0;
-    loads = histogram + bins + 1;
-    send_counts = loads + bins + 1;
-    count_matrix = send_counts + ranks;
-    own_count = count_matrix + ranks * ranks;
+    histogram = 0;                          // bins, then the invalid entries
+    all_histograms = histogram + bins + 1;  // every rank's, in rank order
+    own_count = all_histograms + ranks * (bins + 1);
     all_counts = own_count + 2;
     own_nonzero = all_counts + 2 * ranks;
     all_nonzero = own_nonzero + 1;
@@ -209,37 +207,32 @@ ExchangeStats SparseCollective::reduce_scatter_allgather(const SparseEntries& mi
   const kernels::DType wire = wire_dtype(type_);
   ExchangeStats stats;
 
-  // 1. The histogram of every rank's indices, summed: the loads of the bins (and invalid entries).
+  // 1. Every rank's histogram of its indices (and its invalid entries), gathered: the loads of the
+  // bins, the slices (the same on every rank) and every rank's count for each slice, from this one
+  // round trip (dp/slice_plan.h's plan_exchange: the slices end on bin edges).
   detail::validate_and_histogram(mine.indices, mine.count, static_cast<uint32_t>(elements_), width_,
                                  metadata_ + layout.histogram, bins, stream);
-  FUSEKIT_NCCL_CHECK(ncclAllReduce(metadata_ + layout.histogram, metadata_ + layout.loads, bins_ + 1, ncclUint64,
-                                   ncclSum, comm, stream));
-  FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(host, metadata_, 2 * (bins_ + 1) * sizeof *host, cudaMemcpyDeviceToHost, stream));
+  FUSEKIT_NCCL_CHECK(ncclAllGather(metadata_ + layout.histogram, metadata_ + layout.all_histograms, bins_ + 1,
+                                   ncclUint64, comm, stream));
+  const size_t row = bins_ + 1;
+  FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(host + layout.all_histograms, metadata_ + layout.all_histograms,
+                                     ranks * row * sizeof *host, cudaMemcpyDeviceToHost, stream));
   FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
-  stats.metadata_bytes += allreduce_bus_bytes(8.0 * (bins_ + 1), ranks);
-  if (host[layout.loads + bins_] > 0)
-    throw std::invalid_argument("sparse collective: " + std::to_string(host[layout.loads + bins_]) +
+  stats.metadata_bytes += allgather_bus_bytes(8.0 * ranks * row, ranks);
+  uint64_t invalid = 0;
+  for (int s = 0; s < ranks; ++s) invalid += host[layout.all_histograms + s * row + bins_];
+  if (invalid > 0)
+    throw std::invalid_argument("sparse collective: " + std::to_string(invalid) +
                                 " entries out of order or at or above " + std::to_string(elements_) + " (" +
-                                std::to_string(host[layout.histogram + bins_]) + " of them on rank " +
+                                std::to_string(host[layout.all_histograms + me * row + bins_]) + " of them on rank " +
                                 std::to_string(me) + ")");
 
-  // 2. The slices, the same on every rank, and this rank's count for each.
-  const std::vector<uint64_t> own_histogram(host + layout.histogram, host + layout.histogram + bins_),
-      loads(host + layout.loads, host + layout.loads + bins_);
-  const SlicePlan plan = plan_slices(own_histogram, loads, ranks, elements_, partition);
+  // 2. This rank's plan, and count(s, r): entries rank s sends to the owner of slice r.
+  const std::vector<uint64_t> histograms(host + layout.all_histograms, host + layout.all_histograms + ranks * row);
+  const ExchangePlan exchange = plan_exchange(histograms, row, bins_, ranks, me, elements_, partition);
+  const SlicePlan& plan = exchange.mine;
   edges_ = plan.edges;
-  std::copy(plan.send_counts.begin(), plan.send_counts.end(), host + layout.send_counts);
-  FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(metadata_ + layout.send_counts, host + layout.send_counts, ranks * sizeof *host,
-                                     cudaMemcpyHostToDevice, stream));
-  FUSEKIT_NCCL_CHECK(
-      ncclAllGather(metadata_ + layout.send_counts, metadata_ + layout.count_matrix, ranks, ncclUint64, comm, stream));
-  FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(host + layout.count_matrix, metadata_ + layout.count_matrix,
-                                     static_cast<size_t>(ranks) * ranks * sizeof *host, cudaMemcpyDeviceToHost,
-                                     stream));
-  FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
-  stats.metadata_bytes += allgather_bus_bytes(8.0 * ranks * ranks, ranks);
-  // count(s, r): entries rank s sends to the owner of slice r.
-  auto count = [&](int s, int r) { return static_cast<uint64_t>(host[layout.count_matrix + s * ranks + r]); };
+  auto count = [&](int s, int r) { return exchange.counts[static_cast<size_t>(s) * ranks + r]; };
   for (int s = 0; s < ranks; ++s) {
     uint64_t total = 0;
     for (int r = 0; r < ranks; ++r) total += count(s, r);

@@ -8,10 +8,11 @@
 //   allgather                  every rank's entries to every rank: ncclAllGather of the counts,
 //                              then one ncclBroadcast per rank in one group (a variable-size
 //                              allgather); each rank sums all entries in fp32, rank 0's first.
-//   reduce_scatter_allgather   rank r reduces slice r of the index space: a histogram of each
-//                              rank's indices (bins of equal width) summed by ncclAllReduce gives
-//                              the slice edges (dp/partition.h, balanced or equal); the counts per
-//                              (sender, slice) go round by ncclAllGather; then each rank ncclSends
+//   reduce_scatter_allgather   rank r reduces slice r of the index space: every rank's histogram
+//                              of its indices (bins of equal width), gathered by one ncclAllGather,
+//                              gives the loads, the slice edges (dp/partition.h, balanced or equal)
+//                              and the counts per (sender, slice) (dp/slice_plan.h's plan_exchange:
+//                              the slices end on bin edges); then each rank ncclSends
 //                              each slice's entries to its owner (one group of sends and receives),
 //                              the owner adds them in fp32 into its slice, source rank by source
 //                              rank, rounds the sums to the 16-bit wire type once, and every slice
@@ -35,8 +36,9 @@
 // not strictly increasing below `elements` is counted on the device and that count travels with
 // the first metadata collective, so every rank throws the same std::invalid_argument together
 // instead of one rank leaving the others blocked in NCCL. Each collective synchronizes the
-// communicator's stream where the host needs counts (once in allgather, three times in
-// reduce_scatter_allgather); the caller orders its work after the call on the same stream.
+// communicator's stream where the host needs counts (once in allgather, twice in
+// reduce_scatter_allgather, and twice more with keep < 1 for the re-selection's histograms); the
+// caller orders its work after the call on the same stream.
 #pragma once
 
 #include <cstddef>

@@ -88,6 +88,42 @@ TEST(SlicePlan, HistogramCountsMatchTheIndices) {
   }
 }
 
+// One allgather of the histograms (rows of bins + 1 words: the collective's invalid-entry count
+// after the bins) gives every rank the same loads and edges, and count(s, r) as each rank's own
+// plan has it.
+TEST(ExchangePlan, AllGatheredHistogramsGiveEveryCount) {
+  for (int ranks : {1, 2, 4, 8}) {
+    for (SlicePartition kind : {SlicePartition::balanced, SlicePartition::equal}) {
+      SCOPED_TRACE(std::to_string(ranks) + " ranks");
+      const auto chosen = selections(ranks, 20000, true, 11 * ranks);
+      std::vector<std::vector<uint64_t>> histograms;
+      std::vector<uint64_t> gathered;
+      for (const auto& indices : chosen) {
+        histograms.push_back(selection_histogram(indices, kElements, kBins));
+        gathered.insert(gathered.end(), histograms.back().begin(), histograms.back().end());
+        gathered.push_back(0);  // the invalid entries' word
+      }
+      const std::vector<uint64_t> loads = bin_loads(histograms);
+      for (int me = 0; me < ranks; ++me) {
+        const ExchangePlan plan = plan_exchange(gathered, kBins + 1, kBins, ranks, me, kElements, kind);
+        EXPECT_EQ(plan.loads, loads);
+        const SlicePlan own = plan_slices(histograms[me], loads, ranks, kElements, kind);
+        EXPECT_EQ(plan.mine.edges, own.edges);
+        EXPECT_EQ(plan.mine.send_counts, own.send_counts);
+        EXPECT_EQ(plan.mine.send_offsets, own.send_offsets);
+        ASSERT_EQ(plan.counts.size(), static_cast<size_t>(ranks) * ranks);
+        for (int s = 0; s < ranks; ++s) {
+          const SlicePlan theirs = plan_slices(histograms[s], loads, ranks, kElements, kind);
+          for (int r = 0; r < ranks; ++r) EXPECT_EQ(plan.counts[s * ranks + r], theirs.send_counts[r]) << s << " " << r;
+        }
+      }
+    }
+  }
+  const std::vector<uint64_t> short_rows(10, 0);
+  EXPECT_THROW(plan_exchange(short_rows, 4, 4, 2, 0, 100, SlicePartition::balanced), std::invalid_argument);
+  EXPECT_THROW(plan_exchange(short_rows, 5, 4, 2, 2, 100, SlicePartition::balanced), std::invalid_argument);
+}
+
 TEST(SlicePlan, MismatchedBinsAreRefused) {
   const std::vector<uint64_t> histogram(8, 1), loads(16, 1);
   EXPECT_THROW(plan_slices(histogram, loads, 2, 1000, SlicePartition::balanced), std::invalid_argument);
