@@ -114,6 +114,7 @@ kernels::BertAttentionDropout FusedBert::attention_dropout(float p, int site) co
 }
 
 void FusedBert::load_state_dict(const std::vector<TensorView>& tensors) {
+  graphs_.clear();  // they hold the trainer replaced below
   std::vector<std::byte> flat(layout_.flat_bytes());
   load_bert_state_dict(tensors, layout_, flat);
   // A fresh trainer: zero moments and step count, as a new optimizer.
@@ -466,6 +467,24 @@ void FusedBert::enqueue_step(int batch_index, cudaStream_t stream) {
   last_stream_ = stream;
 }
 
+uint64_t FusedBert::dropout_step() const {
+  uint64_t counter = 0;
+  FUSEKIT_CUDA_CHECK(cudaMemcpy(&counter, step_counter_, sizeof counter, cudaMemcpyDeviceToHost));
+  return counter;
+}
+
+void FusedBert::set_gradient_exchange(GradientExchange* exchange) {
+  if (exchange && graphed())
+    throw std::logic_error("fused bert: a gradient exchange for captured steps (they would skip it)");
+  exchange_ = exchange;
+}
+
+void FusedBert::set_learning_rate(double lr) {
+  if (graphed() && lr != options_.lr)
+    throw std::logic_error("fused bert: a new learning rate for captured steps (their AdamW step holds the old one)");
+  options_.lr = lr;
+}
+
 void FusedBert::capture_step_graphs() {
   if (exchange_)
     throw std::logic_error("fused bert: a step with a gradient exchange is not captured (it waits on the host)");
@@ -475,15 +494,24 @@ void FusedBert::capture_step_graphs() {
   // are made on first use (kernels/linear.h), which a capture cannot record. No update, and the
   // dropout step counter is put back: the next step draws the masks it would have drawn.
   FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());  // steps enqueued on other streams: done
-  uint64_t counter = 0;
-  FUSEKIT_CUDA_CHECK(cudaMemcpy(&counter, step_counter_, sizeof counter, cudaMemcpyDeviceToHost));
-  for (const DeviceBatch& batch : device_batches_) {
-    forward(batch, stream_);
-    backward(batch, stream_);
+  const uint64_t counter = dropout_step();
+  auto restore = [&] {
+    FUSEKIT_CUDA_CHECK(cudaMemcpy(step_counter_, &counter, sizeof counter, cudaMemcpyHostToDevice));
+    FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may return before it lands
+  };
+  try {
+    for (const DeviceBatch& batch : device_batches_) {
+      forward(batch, stream_);
+      backward(batch, stream_);
+    }
+    FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  } catch (...) {
+    cudaStreamSynchronize(stream_);
+    restore();
+    throw;
   }
-  FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  FUSEKIT_CUDA_CHECK(cudaMemcpy(step_counter_, &counter, sizeof counter, cudaMemcpyHostToDevice));
-  FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());  // a pageable copy may return before it lands
+  restore();
+  gradient_divisor_ = 1.f;  // no exchange: the captured AdamW step takes the loss scale alone
   std::vector<std::unique_ptr<StepGraph>> graphs;
   for (size_t i = 0; i < device_batches_.size(); ++i) {
     graphs.push_back(std::make_unique<StepGraph>([&](cudaStream_t stream) {

@@ -24,8 +24,10 @@
 // offset of the step (a device word each forward advances first, kernels/step_counter.h); the
 // backward regenerates the same masks from the same key and offset.
 //
-// CUDA graph (capture_step_graphs): one graph per prepared batch, replayed by enqueue_step; nothing
-// of a step is decided on the host (the dropout step and AdamW's step count live on the device).
+// CUDA graph (capture_step_graphs): one graph per prepared batch, replayed by enqueue_step; what
+// changes from step to step lives on the device (the dropout step, AdamW's step count), while the
+// learning rate and the loss scale are fixed at capture (a new rate is refused, and so is a
+// gradient exchange).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -73,10 +75,14 @@ class FusedBert final : public BertMlmModel {
 
   // Data-parallel training: `exchange` (not owned; nullptr: none) runs inside every step between
   // the backward and AdamW, in an NVTX range "bert.exchange", on the flat gradients below.
-  void set_gradient_exchange(GradientExchange* exchange) { exchange_ = exchange; }
+  // std::logic_error once steps are captured (capture_step_graphs).
+  void set_gradient_exchange(GradientExchange* exchange);
   FlatGradients flat_gradients() const;
   // The learning rate of the steps enqueued from now on (a schedule's).
-  void set_learning_rate(double lr) { options_.lr = lr; }
+  // std::logic_error for another rate once steps are captured (their AdamW step holds it).
+  void set_learning_rate(double lr);
+  // Forward passes so far: the dropout masks' counter offset (reads the device; synchronizes).
+  uint64_t dropout_step() const;
 
   // The Philox key of dropout site `site` (0 the embeddings; 1 + 3l, 2 + 3l, 3 + 3l layer l's
   // attention probabilities, attention output and FFN output) for seed `seed`; a step's masks draw

@@ -28,8 +28,13 @@ StepGraph::StepGraph(const std::function<void(cudaStream_t)>& enqueue) {
     throw std::runtime_error("step graph: the step could not be captured: " +
                              (failure.empty() ? std::string(cudaGetErrorString(ended)) : failure));
   }
-  FUSEKIT_CUDA_CHECK(cudaGraphGetNodes(graph_, nullptr, &nodes_));
-  FUSEKIT_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+  const cudaError_t counted = cudaGraphGetNodes(graph_, nullptr, &nodes_);
+  const cudaError_t instantiated = counted == cudaSuccess ? cudaGraphInstantiate(&exec_, graph_, 0) : counted;
+  if (instantiated != cudaSuccess) {
+    cudaGraphDestroy(graph_);
+    graph_ = nullptr;
+    FUSEKIT_CUDA_CHECK(instantiated);
+  }
 }
 
 StepGraph::~StepGraph() {

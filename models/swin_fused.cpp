@@ -137,6 +137,7 @@ void* FusedSwin::parameter(const std::string& name) const { return trainer_->par
 void* FusedSwin::gradient(const std::string& name) const { return trainer_->gradient(layout_.index(name)); }
 
 void FusedSwin::load_state_dict(const std::vector<TensorView>& tensors) {
+  graphs_.clear();  // they hold the trainer replaced below
   std::vector<std::byte> flat(layout_.flat_bytes());
   load_swin_state_dict(tensors, layout_, flat);
   trainer_.reset();

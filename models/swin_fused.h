@@ -64,7 +64,8 @@ class FusedSwin final {
 
   const SwinConfig& config() const { return config_; }
   const SwinMemoryPlan& memory_plan() const { return *plan_; }
-  // A timm state dict (models/swin_checkpoint.h); resets the optimizer's state.
+  // A timm state dict (models/swin_checkpoint.h); resets the optimizer's state and drops captured
+  // steps.
   void load_state_dict(const std::vector<TensorView>& tensors);
   // Forward and backward of one batch, no update: the mean loss (synchronizes).
   float forward_backward(const SwinBatch& batch);

@@ -42,6 +42,7 @@ class Counter {
   }
   ~Counter() { cudaFree(word_); }
   const uint64_t* get() const { return word_; }
+  uint64_t* word() { return word_; }
 
  private:
   uint64_t* word_ = nullptr;
@@ -146,18 +147,20 @@ TEST_P(DropoutCounterTest, EmbeddingLayerNorm) {
     float *mean = nullptr, *rstd = nullptr;
     cudaMalloc(&mean, sizes.tokens * 4);
     cudaMalloc(&rstd, sizes.tokens * 4);
-    EmbeddingLayerNormForwardTensors f;
+    void* workspace = nullptr;
+    cudaMalloc(&workspace, embedding_layernorm_backward_workspace_bytes(sizes));
+    EmbeddingLayerNormForwardTensors f;  // the training forward: it counts the ids for the backward
     f.word_ids = ids, f.position_ids = ids + sizes.tokens, f.token_type_ids = ids + 2 * sizes.tokens;
     f.word = bw.get(), f.position = bp.get(), f.token_type = bt.get(), f.gamma = bg.get(), f.beta = bbeta.get();
     f.y = y.get(), f.mean = mean, f.rstd = rstd;
+    f.backward_workspace = workspace;
     embedding_layernorm_forward(dt, f, d, sizes, 1e-12f, nullptr);
     EmbeddingLayerNormBackwardTensors b;
     b.dy = bdy.get(), b.word_ids = f.word_ids, b.position_ids = f.position_ids, b.token_type_ids = f.token_type_ids;
     b.word = f.word, b.position = f.position, b.token_type = f.token_type, b.gamma = f.gamma;
     b.mean = mean, b.rstd = rstd, b.dword = dword.get(), b.dposition = dpos.get(), b.dtoken_type = dtype.get();
     b.dgamma = dgamma.get(), b.dbeta = dbeta.get();
-    void* workspace = nullptr;
-    cudaMalloc(&workspace, embedding_layernorm_backward_workspace_bytes(sizes));
+    b.ids_counted = true;
     embedding_layernorm_backward(dt, b, d, sizes, workspace, nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     Written out;
@@ -167,6 +170,39 @@ TEST_P(DropoutCounterTest, EmbeddingLayerNorm) {
     return out;
   });
   cudaFree(ids);
+}
+
+// The counter advanced on the stream right before the launch, no synchronization between: the
+// kernel reads the advanced value (as a captured BERT step runs: the advance, then the embeddings).
+TEST_P(DropoutCounterTest, ReadsTheCounterTheStreamJustAdvanced) {
+  FUSEKIT_REQUIRE_GPU();
+  const DType dt = GetParam();
+  const int rows = 64, C = 1024;
+  std::mt19937_64 rng(std::random_device{}());
+  std::vector<double> x = random_values(size_t(rows) * C, rng), bias = random_values(C, rng),
+                      residual = random_values(size_t(rows) * C, rng), gamma = random_values(C, rng),
+                      beta = random_values(C, rng);
+  Buffer bx(x.size(), dt), bb(C, dt), br(residual.size(), dt), bg(C, dt), bbeta(C, dt);
+  bx.upload(x), bb.upload(bias), br.upload(residual), bg.upload(gamma), bbeta.upload(beta);
+  float *mean = nullptr, *rstd = nullptr;
+  ASSERT_EQ(cudaMalloc(&mean, rows * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&rstd, rows * 4), cudaSuccess);
+  auto forward = [&](const Dropout& d) {
+    Buffer y(x.size(), dt);
+    BiasDropoutResidualForwardTensors f;
+    f.x = bx.get(), f.bias = bb.get(), f.residual = br.get(), f.gamma = bg.get(), f.beta = bbeta.get();
+    f.y = y.get(), f.mean = mean, f.rstd = rstd;
+    bias_dropout_residual_layernorm_forward(dt, ResidualOrder::post_ln, f, d, rows, C, 1e-5f, nullptr);
+    return y.download();  // synchronizes
+  };
+  const std::vector<double> plain = forward({kP, kSeed, 7});
+  Counter counter(3);
+  advance_step_counter(counter.word(), nullptr);  // 4, in stream order: no host wait before the launch
+  const std::vector<double> counted = forward({kP, kSeed, 3, counter.get()});
+  size_t differing = 0;
+  for (size_t i = 0; i < plain.size(); ++i) differing += plain[i] != counted[i];
+  EXPECT_EQ(differing, 0u) << "the kernel read the counter before the advance landed";
+  cudaFree(mean), cudaFree(rstd);
 }
 
 // Both backward paths: one kernel (seq <= 128) and two (seq 200).

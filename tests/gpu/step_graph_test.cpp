@@ -1,8 +1,10 @@
 // The fused models' CUDA graph option (capture_step_graphs, models/step_graph.h): replayed graphs
 // train as the enqueued steps do (losses step by step and the parameters after, fp16 and bf16, BERT
-// with dropout and Swin), each replay of a BERT graph draws fresh dropout masks (the device step
-// counter, kernels/step_counter.h), and capturing before prepare_batches, or with a gradient
-// exchange set, is refused.
+// with dropout and Swin); with lr 0 a replay draws exactly the enqueued step's dropout masks (the
+// losses agree to GEMM rounding) and the dropout step counter (kernels/step_counter.h) reads the
+// steps taken, capture's warm-up not counted; each replay draws fresh masks; capturing before
+// prepare_batches or with a gradient exchange set, an exchange or a new learning rate after
+// capture, are refused, and load_state_dict drops the graphs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include "models/bert_config.h"
 #include "models/bert_fused.h"
 #include "models/bert_init.h"
+#include "models/gradient_exchange.h"
 #include "models/mlm_data.h"
 #include "models/swin_config.h"
 #include "models/swin_fused.h"
@@ -125,6 +128,37 @@ TEST_P(StepGraphTest, EachBertReplayDrawsFreshDropoutMasks) {
   EXPECT_EQ(std::unique(losses.begin(), losses.end()) - losses.begin(), 5) << "a replay repeated its masks";
 }
 
+// With lr 0 the weights never move, so each step's loss depends on its batch and its masks alone:
+// the replays must draw the enqueued steps' masks exactly (a counter off by the warm-up's two
+// forwards would draw others), and the counter must read the steps taken.
+TEST_P(StepGraphTest, BertReplaysDrawTheEnqueuedStepsMasks) {
+  FUSEKIT_REQUIRE_GPU();
+  const BertConfig config = bert_config(GetParam());
+  const BertInitialWeights weights(config, 9, config.dtype, 0.02f);
+  const std::vector<MlmBatch> batches = bert_batches(config);
+  BertTrainOptions options;
+  options.lr = 0;
+  options.weight_decay = 0;
+  const test_support::NonBlockingStream stream;
+  FusedBert enqueued(config, options), graphed(config, options);
+  enqueued.load_state_dict(weights.tensors());
+  graphed.load_state_dict(weights.tensors());
+  enqueued.prepare_batches(batches);
+  graphed.prepare_batches(batches);
+  graphed.enqueue_step(0, stream.stream);  // one step before the capture: the counter is at 1
+  enqueued.enqueue_step(0, stream.stream);
+  graphed.capture_step_graphs();
+  EXPECT_EQ(graphed.dropout_step(), 1u) << "the capture's warm-up moved the dropout step";
+  for (int i = 1; i <= 5; ++i) {
+    enqueued.enqueue_step(i % 2, stream.stream);
+    const float expected = enqueued.last_loss();
+    graphed.enqueue_step(i % 2, stream.stream);
+    EXPECT_NEAR(graphed.last_loss(), expected, 1e-4 * std::fabs(expected)) << "step " << i;
+  }
+  EXPECT_EQ(graphed.dropout_step(), 6u);
+  EXPECT_EQ(enqueued.dropout_step(), 6u);
+}
+
 TEST_P(StepGraphTest, SwinGraphsTrainAsEnqueuedSteps) {
   FUSEKIT_REQUIRE_GPU();
   const SwinConfig c = parse_swin_config(std::string("swin-test:b4:") + dtype_spec_name(GetParam()));
@@ -158,6 +192,44 @@ TEST(StepGraph, CaptureNeedsPreparedBatches) {
   EXPECT_THROW(bert.capture_step_graphs(), std::logic_error);
   FusedSwin swin(parse_swin_config("swin-test:b2:fp16"));
   EXPECT_THROW(swin.capture_step_graphs(), std::logic_error);
+}
+
+// An exchange that leaves the gradients as they are.
+class NoExchange final : public GradientExchange {
+ public:
+  float exchange(const FlatGradients&, cudaStream_t) override { return 1.f; }
+};
+
+// What a captured step cannot follow is refused, and new weights drop the graphs (they hold the
+// optimizer that load_state_dict replaces).
+TEST(StepGraph, CapturedStepsRefuseWhatTheyCannotFollow) {
+  FUSEKIT_REQUIRE_GPU();
+  const BertConfig config = bert_config(DType::f16);
+  const BertInitialWeights weights(config, 4, config.dtype, 0.02f);
+  BertTrainOptions options;
+  options.lr = 1e-3;
+  NoExchange exchange;
+  FusedBert bert(config, options);
+  bert.load_state_dict(weights.tensors());
+  bert.prepare_batches(bert_batches(config));
+  bert.set_gradient_exchange(&exchange);
+  EXPECT_THROW(bert.capture_step_graphs(), std::logic_error);
+  bert.set_gradient_exchange(nullptr);
+  bert.capture_step_graphs();
+  EXPECT_THROW(bert.set_gradient_exchange(&exchange), std::logic_error);
+  EXPECT_THROW(bert.set_learning_rate(2e-3), std::logic_error);
+  bert.set_learning_rate(1e-3);  // the same rate: nothing to follow
+  bert.load_state_dict(weights.tensors());
+  EXPECT_FALSE(bert.graphed());
+  bert.set_learning_rate(2e-3);
+  const SwinConfig c = parse_swin_config("swin-test:b2:fp16");
+  const SwinInitialWeights swin_weights(c, 5, c.dtype);
+  FusedSwin swin(c);
+  swin.load_state_dict(swin_weights.tensors());
+  swin.prepare_batches({swin_batch(c, 6)});
+  swin.capture_step_graphs();
+  swin.load_state_dict(swin_weights.tensors());
+  EXPECT_FALSE(swin.graphed());
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, StepGraphTest, ::testing::Values(DType::f16, DType::bf16),
