@@ -299,6 +299,10 @@ int run(const Options& o) {
         << o.index_form << "\",\n  \"dense_steps\": " << o.dense_steps
         << ",\n  \"frozen_variance\": " << (o.frozen_variance ? "true" : "false")
         << ",\n  \"frozen_max_step\": " << (o.frozen_max_step > 1e300 ? -1 : o.frozen_max_step)
+        << ",\n  \"frozen_max_step_last\": "  // the cap the last step took (-1: none; 0: no velocity steps)
+        << (!o.frozen_variance                    ? 0.0
+            : exchanger.frozen_max_step() > 1e300 ? -1.0
+                                                  : exchanger.frozen_max_step())
         << ",\n  \"model_hosts\": " << o.model_hosts << ",\n  \"nccl_net\": \"" << env_or("NCCL_NET", "") << "\""
         << ",\n  \"lr\": " << o.lr << ",\n  \"lr_warmup\": " << o.lr_warmup
         << ",\n  \"echo\": " << (o.echo ? "true" : "false") << ",\n  \"pool\": " << o.pool << ",\n  \"decision\": \""

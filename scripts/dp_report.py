@@ -78,8 +78,9 @@ def name(record):
             text += f", velocity exchange with AdamW's variance frozen after {record.get('dense_steps', 0)} dense steps"
             cap = record.get("frozen_max_step")  # absent in records older than the option
             if cap is not None:
+                last = record.get("frozen_max_step_last")
                 text += (", step uncapped" if cap < 0 else f", step cap {cap:g} lr" if cap > 0
-                         else ", step cap 1/(density x keep) lr")
+                         else ", step cap 1/(density x keep) lr" + (f" ({last:g})" if last and last > 0 else ""))
         elif record.get("momentum", 0) > 0:
             text += f", momentum {record['momentum']:g}"
         if record.get("dense_steps", 0) > 0 and not record.get("frozen_variance"):
