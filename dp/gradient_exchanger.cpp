@@ -10,6 +10,7 @@
 #include "dp/nccl_check.h"
 #include "dp/policy.h"
 #include "kernels/cuda_check.h"
+#include "profiler/range.h"
 
 namespace fusekit::dp {
 namespace {
@@ -178,7 +179,10 @@ bool GradientExchanger::sparse_now() const {
 void GradientExchanger::run_sparse(const void* source, void* target, double density, cudaStream_t stream) {
   record_.sparse = true;
   record_.density = density;
-  record_.entries = feedback_->step(source, layout_.dtype, density, stream);
+  {
+    profiler::ScopedRange range("dp.select");
+    record_.entries = feedback_->step(source, layout_.dtype, density, stream);
+  }
   FUSEKIT_CUDA_CHECK(cudaEventRecord(events_[kSelected], stream));
   const cudaStream_t comm = communicator_.stream();
   FUSEKIT_CUDA_CHECK(cudaStreamWaitEvent(comm, events_[kSelected]));
@@ -196,6 +200,7 @@ void GradientExchanger::run_sparse(const void* source, void* target, double dens
   }
   FUSEKIT_CUDA_CHECK(cudaEventRecord(events_[kCommunicated], comm));
   FUSEKIT_CUDA_CHECK(cudaStreamWaitEvent(stream, events_[kCommunicated]));
+  profiler::ScopedRange range("dp.narrow");
   if (options_.reselect < 1) feedback_->return_unapplied(sum_, stream);  // what re-selection left out
   FUSEKIT_CUDA_CHECK(cudaMemsetAsync(nonfinite_, 0, sizeof(unsigned long long), stream));
   detail::narrow(sum_, layout_.elements, layout_.dtype, target, nonfinite_, stream);

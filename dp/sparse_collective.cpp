@@ -4,6 +4,7 @@
 #include "dp/sparse_collective.h"
 
 #include <algorithm>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -12,6 +13,7 @@
 #include "dp/nccl_check.h"
 #include "dp/slice_plan.h"
 #include "kernels/cuda_check.h"
+#include "profiler/range.h"
 
 namespace fusekit::dp {
 namespace {
@@ -207,6 +209,11 @@ ExchangeStats SparseCollective::reduce_scatter_allgather(const SparseEntries& mi
   const kernels::DType wire = wire_dtype(type_);
   ExchangeStats stats;
 
+  // Phases as NVTX ranges (dp.plan, dp.reduce_scatter, dp.reselect, dp.count, dp.gather): each ends
+  // where the host waits for the stream or hands the next NCCL calls over, so a trace's wall time
+  // per range says where an exchange spends its time.
+  std::optional<profiler::ScopedRange> phase;
+  phase.emplace("dp.plan");
   // 1. Every rank's histogram of its indices (and its invalid entries), gathered: the loads of the
   // bins, the slices (the same on every rank) and every rank's count for each slice, from this one
   // round trip (dp/slice_plan.h's plan_exchange: the slices end on bin edges).
@@ -244,6 +251,8 @@ ExchangeStats SparseCollective::reduce_scatter_allgather(const SparseEntries& mi
   std::vector<uint64_t> receive_offsets(ranks + 1, 0);  // by source rank; none from itself
   for (int r = 0; r < ranks; ++r) receive_offsets[r + 1] = receive_offsets[r] + (r == me ? 0 : count(r, me));
 
+  phase.reset();
+  phase.emplace("dp.reduce_scatter");
   // 3. Each slice's entries to its owner: plain indices, or bucketed (16-bit offsets and per-bucket
   // counts of the destination slice, decoded back into received_indices_ after the exchange).
   const bool bucketed = index_form_ == IndexForm::bucketed;
@@ -310,6 +319,8 @@ ExchangeStats SparseCollective::reduce_scatter_allgather(const SparseEntries& mi
   }
   uint32_t keep_bits = 0;
   if (keep < 1) {  // re-selection: the threshold of this slice's largest sums, in two levels
+    phase.reset();
+    phase.emplace("dp.reselect");
     const auto histogram = [&](int coarse_bin) {
       detail::magnitude_histogram(out, begin, end, coarse_bin, magnitude_counts_, stream);
       FUSEKIT_CUDA_CHECK(cudaMemcpyAsync(host_magnitude_counts_, magnitude_counts_,
@@ -327,6 +338,8 @@ ExchangeStats SparseCollective::reduce_scatter_allgather(const SparseEntries& mi
     if (!coarse.keep_all) fine = reselect_level(histogram(static_cast<int>(coarse.bin)), count - coarse.above);
     keep_bits = reselect_threshold(coarse, fine);
   }
+  phase.reset();
+  phase.emplace("dp.count");
   detail::round_slice(out, stage_, begin, end, wire, tile_counts_, tile_offsets_, metadata_ + layout.own_nonzero,
                       stream, keep_bits);
   FUSEKIT_NCCL_CHECK(
@@ -336,6 +349,8 @@ ExchangeStats SparseCollective::reduce_scatter_allgather(const SparseEntries& mi
   FUSEKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
   stats.metadata_bytes += allgather_bus_bytes(8.0 * ranks, ranks);
 
+  phase.reset();
+  phase.emplace("dp.gather");
   // 5. Every slice to every rank, as entries where 6 bytes per nonzero sum beat 2 per element.
   const std::vector<uint64_t> nonzero(host + layout.all_nonzero, host + layout.all_nonzero + ranks);
   const GatherPlan gather = plan_gather(edges_, nonzero);

@@ -18,8 +18,9 @@
 # "--model bert-tiny --batch 8"), FUSEKIT_DP_TAG (appended to the runs' names, for runs that differ
 # by FUSEKIT_DP_ARGS alone), FUSEKIT_DP_TRACE=1 (each run under `fusekit trace` into
 # $OUT/<name>.db: every rank's kernels, NCCL's included, and the ranges bert.step > bert.forward,
-# bert.backward, bert.exchange, bert.optimizer; then its GPU time by kernel category and range is
-# printed; take few steps, tracing slows launches), FUSEKIT_DP_TIMEOUT (seconds a run, default 300), BUILD_DIR.
+# bert.backward, bert.exchange (> dp.select, dp.plan, dp.reduce_scatter, dp.reselect, dp.count,
+# dp.gather, dp.narrow), bert.optimizer; then its GPU time by kernel category and range, and the
+# exchange phases' wall times, are printed; take few steps, tracing slows launches), FUSEKIT_DP_TIMEOUT (seconds a run, default 300), BUILD_DIR.
 # Exit code: 0 when every run exited 0.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -132,6 +133,10 @@ for spec in "$@"; do
   sed -E 's/^\[rank[0-9]+\]://' "$OUT/$name.log" | grep -E 'summary|parameters after|non-finite|error|Error|rank.*fail|auto:' | head -8
   if [ "${FUSEKIT_DP_TRACE:-0}" = 1 ] && [ -f "$OUT/$name.db" ]; then
     "$BUILD_DIR/fusekit" summary --db "$OUT/$name.db" --categories --range bert.step | head -40
+    # The exchange's phases (dp.select, dp.plan, dp.reduce_scatter, dp.reselect, dp.count, dp.gather,
+    # dp.narrow): wall time per range, every rank's instances together.
+    "$BUILD_DIR/fusekit" summary --db "$OUT/$name.db" --range bert.exchange --top 5 |
+      sed -n '/NVTX range summary/,$p' | grep -E 'Wall|----|bert\.exchange|dp\.' | head -12
   fi
 done
 exit $failed
