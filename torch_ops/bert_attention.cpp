@@ -32,7 +32,7 @@ Checked check(const at::Tensor& qkv, const at::Tensor& lengths, double scale, do
   check_numel(lengths, qkv.size(0), op, "lengths");
   TORCH_CHECK_VALUE(scale > 0, text("fusekit::", op, ": scale must be positive, not ", scale));
   check_dropout(p, op);
-  const auto [seed, offset] = philox_of(philox, op);
+  const PhiloxStream stream = philox_of(philox, qkv, op);
   kernels::BertAttentionShape shape{int_size(qkv.size(0), op, "batch"), int_size(qkv.size(3), op, "heads"),
                                     int_size(qkv.size(1), op, "seq"), int_size(qkv.size(4), op, "head_dim")};
   try {
@@ -40,7 +40,8 @@ Checked check(const at::Tensor& qkv, const at::Tensor& lengths, double scale, do
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK_VALUE(false, text("fusekit::", op, ": ", e.what()));
   }
-  return {dtype, shape, kernels::BertAttentionDropout{static_cast<float>(p), seed, offset}};
+  return {dtype, shape,
+          kernels::BertAttentionDropout{static_cast<float>(p), stream.seed, stream.offset, stream.counter}};
 }
 
 std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& qkv, const at::Tensor& lengths, double scale, double p,

@@ -13,10 +13,10 @@
 namespace fusekit::torch_ops {
 namespace {
 
-kernels::Dropout dropout_of(double p, const at::Tensor& philox, const char* op) {
+kernels::Dropout dropout_of(double p, const at::Tensor& philox, const at::Tensor& like, const char* op) {
   check_dropout(p, op);
-  const auto [seed, offset] = philox_of(philox, op);
-  return kernels::Dropout{static_cast<float>(p), seed, offset};
+  const PhiloxStream stream = philox_of(philox, like, op);
+  return kernels::Dropout{static_cast<float>(p), stream.seed, stream.offset, stream.counter};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& x, const at::Tensor& bias,
@@ -36,7 +36,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& x, cons
   for (const auto& [t, name] : {std::pair{&bias, "bias"}, {&gamma, "gamma"}, {&beta, "beta"}}) {
     check_numel(*t, columns, op, name);
   }
-  const kernels::Dropout dropout = dropout_of(p, philox, op);
+  const kernels::Dropout dropout = dropout_of(p, philox, x, op);
   const int rows = int_size(columns ? x.numel() / columns : 0, op, "rows");
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty_like(x);
@@ -80,7 +80,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
   const int rows = int_size(columns ? x.numel() / columns : 0, op, "rows");
   check_numel(mean, rows, op, "mean");
   check_numel(rstd, rows, op, "rstd");
-  const kernels::Dropout dropout = dropout_of(p, philox, op);
+  const kernels::Dropout dropout = dropout_of(p, philox, x, op);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor dx = at::empty_like(x), dresidual = at::empty_like(x);
   at::Tensor dbias = at::empty_like(bias), dgamma = at::empty_like(gamma), dbeta = at::empty_like(gamma);

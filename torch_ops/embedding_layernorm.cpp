@@ -42,14 +42,14 @@ Checked check(const at::Tensor& word_ids, const at::Tensor& position_ids, const 
                          position.sizes(), ", token_type ", token_type.sizes()));
   check_numel(gamma, word.size(1), op, "gamma");
   check_dropout(p, op);
-  const auto [seed, offset] = philox_of(philox, op);
+  const PhiloxStream stream = philox_of(philox, word, op);
   kernels::EmbeddingLayerNormSizes sizes;
   sizes.tokens = int_size(word_ids.numel(), op, "tokens");
   sizes.hidden = int_size(word.size(1), op, "H");
   sizes.vocab = int_size(word.size(0), op, "vocabulary");
   sizes.max_positions = int_size(position.size(0), op, "positions");
   sizes.token_types = int_size(token_type.size(0), op, "token types");
-  return {dtype, sizes, kernels::Dropout{static_cast<float>(p), seed, offset}};
+  return {dtype, sizes, kernels::Dropout{static_cast<float>(p), stream.seed, stream.offset, stream.counter}};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& word_ids, const at::Tensor& position_ids,

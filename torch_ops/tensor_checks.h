@@ -115,13 +115,28 @@ inline void check_dropout(double p, const char* op) {
 // A dropout's Philox key and counter offset: an int64 CPU tensor of two elements, drawn by the
 // Python side from PyTorch's generator (so torch.manual_seed makes runs reproducible) and given to
 // the backward unchanged, which regenerates the same mask.
-inline std::pair<uint64_t, uint64_t> philox_of(const at::Tensor& philox, const char* op) {
-  TORCH_CHECK_VALUE(
-      philox.defined() && philox.device().is_cpu() && philox.scalar_type() == at::kLong && philox.numel() == 2,
-      text("fusekit::", op, ": philox must be an int64 CPU tensor of 2 elements (seed, offset)"));
+// A dropout call's Philox stream, from its `philox` tensor: int64, 2 elements. On the CPU, (seed,
+// offset) read here (eager calls: PyTorch's CPU generator drew them). On the device of `like`
+// (calls traced by torch.compile, which keeps host tensors out of a CUDA graph): the kernels read
+// the offset, element 1, from device memory when they run (kernels/detail/philox.cuh's counter),
+// and the key is the fixed kDevicePhiloxKey: each call's random 62-bit offset picks its stream.
+struct PhiloxStream {
+  uint64_t seed = 0, offset = 0;
+  const uint64_t* counter = nullptr;  // device, or null
+};
+constexpr uint64_t kDevicePhiloxKey = 0x66757365'6b697421ull;
+
+inline PhiloxStream philox_of(const at::Tensor& philox, const at::Tensor& like, const char* op) {
+  TORCH_CHECK_VALUE(philox.defined() && philox.scalar_type() == at::kLong && philox.numel() == 2 &&
+                        (philox.device().is_cpu() || (philox.device() == like.device() && philox.is_contiguous())),
+                    text("fusekit::", op, ": philox must be an int64 tensor of 2 elements (seed, offset) on the CPU, ",
+                         "or a contiguous one on ", like.device(), " (offset read by the kernels)"));
+  if (!philox.device().is_cpu()) {
+    return {kDevicePhiloxKey, 0, reinterpret_cast<const uint64_t*>(philox.data_ptr<int64_t>() + 1)};
+  }
   const at::Tensor c = philox.contiguous();
   const int64_t* v = c.data_ptr<int64_t>();
-  return {static_cast<uint64_t>(v[0]), static_cast<uint64_t>(v[1])};
+  return {static_cast<uint64_t>(v[0]), static_cast<uint64_t>(v[1]), nullptr};
 }
 
 inline cudaStream_t current_stream(const at::Tensor& on) {

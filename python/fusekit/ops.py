@@ -5,8 +5,12 @@ implementation (shapes only, for torch.compile and meta tensors) and an autograd
 the op's backward, and offers the functions users call. No kernels here: every computation is one
 of the library's CUDA ops.
 
-Dropout: each call with p > 0 draws its Philox (seed, offset) from PyTorch's CPU generator, so
-torch.manual_seed makes runs reproducible; the backward regenerates the same mask from them.
+Dropout: each call with p > 0 draws its Philox (seed, offset) from PyTorch's generator, so
+torch.manual_seed makes runs reproducible; the backward regenerates the same mask from them. Eager
+calls draw them on the CPU; calls traced by torch.compile draw them on the data's CUDA device, so
+that the compiled graph holds no host tensor (Inductor would compile a C++ kernel for a CPU draw,
+and a CUDA graph cannot hold one): the kernels then read the offset from device memory, under a
+fixed key (torch_ops/tensor_checks.h's philox_of).
 
 Autograd: FUSEKIT_TORCH_AUTOGRAD=cpp (the default) registers the formulas written in C++
 (torch_ops/autograd.cpp) for every op but linear; =python registers the formulas below with
@@ -36,11 +40,18 @@ _ops = torch.ops.fusekit
 _float = torch.float32
 
 
-def philox(p):
-    """The (seed, offset) of one dropout call: drawn from PyTorch's generator when p > 0."""
+def _compiling():
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+
+
+def philox(p, like=None):
+    """The (seed, offset) of one dropout call: drawn from PyTorch's generator when p > 0; on the
+    CPU, or on like's CUDA device while torch.compile traces the call (the op reads it there)."""
+    device = like.device if like is not None and like.is_cuda and _compiling() else "cpu"
     if p > 0:
-        return torch.randint(0, 2**62, (2,), dtype=torch.int64)
-    return torch.zeros(2, dtype=torch.int64)
+        return torch.randint(0, 2**62, (2,), dtype=torch.int64, device=device)
+    return torch.zeros(2, dtype=torch.int64, device=device)
 
 
 def _rows(x):
@@ -430,7 +441,7 @@ def bias_gelu(x, bias, approximate="none"):
 def bias_dropout_residual_layer_norm(x, bias, residual, weight, norm_bias, p=0.0, eps=1e-5):
     """layer_norm(residual + dropout(x + bias, p)): BERT's post-LN sublayer output."""
     return _ops.bias_dropout_residual_layernorm(x.contiguous(), bias, residual.contiguous(), weight, norm_bias, p,
-                                                philox(p), eps)[0]
+                                                philox(p, x), eps)[0]
 
 
 def embedding_layer_norm(word_ids, position_ids, token_type_ids, word, position, token_type, weight, bias, p=0.0,
@@ -438,14 +449,14 @@ def embedding_layer_norm(word_ids, position_ids, token_type_ids, word, position,
     """dropout(layer_norm(word[word_ids] + position[position_ids] + token_type[token_type_ids]), p);
     the word table's row padding_idx gets no gradient (as nn.Embedding's padding_idx)."""
     return _ops.embedding_layernorm(word_ids.contiguous(), position_ids.contiguous(), token_type_ids.contiguous(),
-                                    word, position, token_type, weight, bias, p, philox(p), eps,
+                                    word, position, token_type, weight, bias, p, philox(p, word), eps,
                                     -1 if padding_idx is None else padding_idx)[0]
 
 
 def bert_attention(qkv, lengths, scale, p=0.0):
     """Attention over qkv [batch, seq, 3, heads, head_dim] with keys >= lengths[b] masked and
     dropout p on the probabilities: [batch, seq, heads * head_dim]."""
-    return _ops.bert_attention(qkv.contiguous(), lengths, scale, p, philox(p))[0]
+    return _ops.bert_attention(qkv.contiguous(), lengths, scale, p, philox(p, qkv))[0]
 
 
 def cross_entropy(logits, labels, ignore_index=-100, label_smoothing=0.0):

@@ -1,8 +1,8 @@
 """fusekit's torch.ops on the GPU (pytest): every op against PyTorch's own composition of the same
 math, forward and backward through autograd, in float32, float16 and bfloat16 on fresh random
 inputs with odd shapes; torch.library.opcheck on every op (schema, fake implementation, autograd
-registration, AOT dispatch); dropout reproducible under torch.manual_seed; bad input raises one
-clear exception.
+registration, AOT dispatch); dropout reproducible under torch.manual_seed, eager and compiled (the
+compiled draw on the device); bad input raises one clear exception.
 
 Tolerances: relative Frobenius error against a float64 evaluation of the PyTorch composition, at
 most twice the error of the same composition run by PyTorch in the tested dtype, plus the
@@ -118,6 +118,58 @@ def test_dropout_follows_torch_manual_seed():
     torch.manual_seed(5)
     a2 = fk.bias_dropout_residual_layer_norm(x, b, r, w, nb, 0.1)
     c = fk.bias_dropout_residual_layer_norm(x, b, r, w, nb, 0.1)
+    assert torch.equal(a, a2)
+    assert not torch.equal(a, c)
+
+
+# torch_ops/tensor_checks.h's kDevicePhiloxKey: the key of every call whose philox is on the device.
+DEVICE_PHILOX_KEY = 0x66757365_6B697421
+
+
+def test_device_philox_reads_the_offset_on_the_device():
+    """philox on the data's device: the kernels read the offset (element 1) from device memory under
+    the fixed device key, so it draws exactly the mask of (key, offset) given on the CPU, forward and
+    backward; another offset another mask."""
+    h = torch.float16
+    x, b, r = randn(37, 768, dtype=h), randn(768, dtype=h), randn(37, 768, dtype=h)
+    w, nb = randn(768, dtype=h), randn(768, dtype=h)
+    qkv, lengths = randn(2, 50, 3, 2, 64, dtype=h), torch.tensor([50, 21], dtype=torch.int32, device=DEVICE)
+    ops = torch.ops.fusekit
+
+    def run(philox):
+        xs = [leaf(t) for t in (x, b, r, w, nb)]
+        y = ops.bias_dropout_residual_layernorm(*xs, 0.1, philox, 1e-5)[0]
+        y.float().square().sum().backward()
+        q = leaf(qkv)
+        out = ops.bert_attention(q, lengths, 0.125, 0.1, philox)[0]
+        out.float().square().sum().backward()
+        return [y.detach(), out.detach(), q.grad] + [t.grad for t in xs]
+
+    on_cpu = run(torch.tensor([DEVICE_PHILOX_KEY, 12345], dtype=torch.int64))
+    on_device = run(torch.tensor([7, 12345], dtype=torch.int64, device=DEVICE))  # element 0 unused there
+    other = run(torch.tensor([7, 12346], dtype=torch.int64, device=DEVICE))
+    assert torch.equal(on_cpu[0], on_device[0]) and torch.equal(on_cpu[1], on_device[1])
+    assert torch.equal(on_cpu[2], on_device[2])  # the attention's backward: no atomics
+    for a, c in zip(on_cpu[3:], on_device[3:]):
+        assert relative_error(c, a) < 2e-3  # the parameter gradients sum with atomics
+    assert not torch.equal(on_cpu[0], other[0]) and not torch.equal(on_cpu[1], other[1])
+    with pytest.raises(ValueError, match="philox must be an int64 tensor of 2 elements"):
+        ops.bias_dropout_residual_layernorm(x, b, r, w, nb, 0.1, torch.zeros(3, dtype=torch.int64, device=DEVICE),
+                                            1e-5)
+
+
+def test_compiled_dropout_draws_on_the_device_and_follows_torch_manual_seed():
+    """Under torch.compile the draw happens on the device (no host tensor in the graph): the
+    compiled function runs, draws a fresh mask per call, and torch.manual_seed repeats them."""
+    x, b, r = randn(64, 768, dtype=torch.float16), randn(768, dtype=torch.float16), randn(64, 768, dtype=torch.float16)
+    w, nb = torch.ones(768, device=DEVICE, dtype=torch.float16), torch.zeros(768, device=DEVICE, dtype=torch.float16)
+    compiled = torch.compile(lambda x, b, r, w, nb: fk.bias_dropout_residual_layer_norm(x, b, r, w, nb, 0.1),
+                             fullgraph=True)
+    torch.manual_seed(5)
+    a, c = compiled(x, b, r, w, nb), compiled(x, b, r, w, nb)
+    torch.manual_seed(5)
+    a2 = compiled(x, b, r, w, nb)
+    assert torch.isfinite(a.float()).all()
     assert torch.equal(a, a2)
     assert not torch.equal(a, c)
 
