@@ -40,15 +40,15 @@ _ops = torch.ops.fusekit
 _float = torch.float32
 
 
-def _compiling():
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+# torch.compiler.is_compiling (PyTorch 2.3 and later), which Dynamo evaluates to True while tracing.
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
 
 
 def philox(p, like=None):
     """The (seed, offset) of one dropout call: drawn from PyTorch's generator when p > 0; on the
     CPU, or on like's CUDA device while torch.compile traces the call (the op reads it there)."""
-    device = like.device if like is not None and like.is_cuda and _compiling() else "cpu"
+    compiling = _is_compiling is not None and _is_compiling()
+    device = like.device if compiling and like is not None and like.is_cuda else "cpu"
     if p > 0:
         return torch.randint(0, 2**62, (2,), dtype=torch.int64, device=device)
     return torch.zeros(2, dtype=torch.int64, device=device)
