@@ -1,5 +1,5 @@
 // The include graph against the layers of the design: kernels | profiler -> models -> baselines ->
-// store -> suites -> reports -> cli (dp on kernels and models, torch_ops on kernels; baselines/
+// store -> suites -> reports -> cli (dp on kernels, profiler and models, torch_ops on kernels; baselines/
 // includes kernels/ for the storage types only). Every C++ and CUDA source under a
 // layer's folder is scanned for `#include "<folder>/..."`; a folder that includes one it may not is
 // reported with its file, line and include. FUSEKIT_SOURCE_DIR names the tree to scan.
@@ -29,7 +29,7 @@ const std::map<std::string, std::set<std::string>>& allowed_includes() {
       {"reports", {"reports", "store", "profiler"}},
       {"cli", {"cli", "kernels", "baselines", "profiler", "store", "suites", "reports", "models", "dp", "torch_ops"}},
       {"models", {"models", "kernels", "profiler"}},
-      {"dp", {"dp", "kernels", "models"}},
+      {"dp", {"dp", "kernels", "profiler", "models"}},
       {"torch_ops", {"torch_ops", "kernels"}},
   };
   return allowed;
