@@ -106,11 +106,19 @@ void* FusedBert::gradient(const std::string& name) const { return trainer_->grad
 uint64_t FusedBert::dropout_key(uint64_t seed, int site) { return mix(mix(seed) + static_cast<uint64_t>(site)); }
 
 kernels::Dropout FusedBert::dropout(float p, int site) const {
-  return {p, dropout_key(options_.seed, site), 0, step_counter_};
+  const float kept = dropout_site_kinds_ >> dropout_site_kind(site) & 1u ? p : 0.f;
+  return {kept, dropout_key(options_.seed, site), 0, step_counter_};
 }
 
 kernels::BertAttentionDropout FusedBert::attention_dropout(float p, int site) const {
-  return {p, dropout_key(options_.seed, site), 0, step_counter_};
+  const float kept = dropout_site_kinds_ >> dropout_site_kind(site) & 1u ? p : 0.f;
+  return {kept, dropout_key(options_.seed, site), 0, step_counter_};
+}
+
+void FusedBert::set_dropout_step(uint64_t step) {
+  FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());
+  FUSEKIT_CUDA_CHECK(cudaMemcpy(step_counter_, &step, sizeof step, cudaMemcpyHostToDevice));
+  FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void FusedBert::load_state_dict(const std::vector<TensorView>& tensors) {

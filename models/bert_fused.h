@@ -83,6 +83,13 @@ class FusedBert final : public BertMlmModel {
   void set_learning_rate(double lr);
   // Forward passes so far: the dropout masks' counter offset (reads the device; synchronizes).
   uint64_t dropout_step() const;
+  // For tests that take a step apart: the dropout step the next forward draws after (its masks are
+  // those of step + 1), and which kinds of dropout site keep their p (bit k: kind k of
+  // dropout_site_kind; the others drop nothing). Neither is for training.
+  void set_dropout_step(uint64_t step);
+  void set_dropout_site_kinds(uint32_t kinds) { dropout_site_kinds_ = kinds; }
+  // 0 the embeddings, 1 attention probabilities, 2 attention output, 3 FFN output.
+  static int dropout_site_kind(int site) { return site == 0 ? 0 : (site - 1) % 3 + 1; }
 
   // The Philox key of dropout site `site` (0 the embeddings; 1 + 3l, 2 + 3l, 3 + 3l layer l's
   // attention probabilities, attention output and FFN output) for seed `seed`; a step's masks draw
@@ -129,7 +136,8 @@ class FusedBert final : public BertMlmModel {
   std::vector<DeviceBatch> device_batches_;
   cudaStream_t stream_ = nullptr;  // step() and forward_backward()
   cudaStream_t last_stream_ = nullptr;
-  uint64_t* step_counter_ = nullptr;  // device: forward passes so far, the dropout masks' offset
+  uint64_t* step_counter_ = nullptr;   // device: forward passes so far, the dropout masks' offset
+  uint32_t dropout_site_kinds_ = ~0u;  // set_dropout_site_kinds'
   std::vector<std::unique_ptr<StepGraph>> graphs_;
   GradientExchange* exchange_ = nullptr;
   float gradient_divisor_ = 1.f;  // the last exchange's

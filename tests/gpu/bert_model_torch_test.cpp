@@ -119,14 +119,34 @@ void diagnose_excursion(const BertConfig& config, const BertTrainOptions& option
   fp32_masked.load_state_dict(views);
   const uint32_t threshold = kernels::dropout_threshold(config.dropout);
   const uint64_t offset = static_cast<uint64_t>(step) + 1;  // forward passes so far, this one included
-  fp32_masked.set_dropout_masks([&](int site, at::IntArrayRef sizes) {
-    const uint64_t key = FusedBert::dropout_key(options.seed, site);
-    std::vector<float> kept(static_cast<size_t>(c10::multiply_integers(sizes)));
-    for (size_t e = 0; e < kept.size(); ++e) kept[e] = kernels::dropout_kept(key, offset, e, threshold) ? 1.f : 0.f;
-    return torch::from_blob(kept.data(), sizes, torch::kFloat).clone().to(torch::kCUDA);
-  });
+  // Masks of the site kinds in `kinds` (FusedBert::dropout_site_kind); elsewhere 1 - p, which the
+  // baseline's 1 / (1 - p) turns into no dropout.
+  auto masks_of = [&](uint32_t kinds) {
+    return [&, kinds](int site, at::IntArrayRef sizes) {
+      const bool on = kinds >> FusedBert::dropout_site_kind(site) & 1u;
+      const uint64_t key = FusedBert::dropout_key(options.seed, site);
+      std::vector<float> kept(static_cast<size_t>(c10::multiply_integers(sizes)));
+      for (size_t e = 0; e < kept.size(); ++e) {
+        kept[e] = !on ? 1.f - config.dropout : kernels::dropout_kept(key, offset, e, threshold) ? 1.f : 0.f;
+      }
+      return torch::from_blob(kept.data(), sizes, torch::kFloat).clone().to(torch::kCUDA);
+    };
+  };
+  fp32_masked.set_dropout_masks(masks_of(~0u));
   std::printf("  step %d: the baseline in fp32 with the fused step's masks: %.4f\n", step,
               fp32_masked.forward_backward(batch));
+  // One kind of site at a time, the fused step and the fp32 baseline on the same masks: where a
+  // fused kernel applies its mask wrongly, that kind's pair differs by far more than the others'.
+  static const char* kKinds[] = {"embeddings", "attention probabilities", "attention output", "FFN output"};
+  for (uint32_t kind = 0; kind < 4; ++kind) {
+    FusedBert fused_kind(config, options);
+    fused_kind.load_state_dict(views);
+    fused_kind.set_dropout_site_kinds(1u << kind);
+    fused_kind.set_dropout_step(offset - 1);  // its forward advances to `offset`
+    fp32_masked.set_dropout_masks(masks_of(1u << kind));
+    std::printf("  step %d, dropout at the %s only: fused %.4f, baseline fp32 %.4f\n", step, kKinds[kind],
+                fused_kind.forward_backward(batch), fp32_masked.forward_backward(batch));
+  }
   int masked = 0;
   for (int64_t label : batch.labels) masked += label >= 0;
   std::printf("  step %d's batch: %d masked tokens\n", step, masked);
