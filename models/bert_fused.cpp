@@ -115,6 +115,12 @@ kernels::BertAttentionDropout FusedBert::attention_dropout(float p, int site) co
   return {kept, dropout_key(options_.seed, site), 0, step_counter_};
 }
 
+void FusedBert::set_dropout_site_kinds(uint32_t kinds) {
+  if (graphed() && kinds != dropout_site_kinds_)
+    throw std::logic_error("fused bert: other dropout sites for captured steps (their p is fixed)");
+  dropout_site_kinds_ = kinds;
+}
+
 void FusedBert::set_dropout_step(uint64_t step) {
   FUSEKIT_CUDA_CHECK(cudaDeviceSynchronize());
   FUSEKIT_CUDA_CHECK(cudaMemcpy(step_counter_, &step, sizeof step, cudaMemcpyHostToDevice));

@@ -87,7 +87,7 @@ class FusedBert final : public BertMlmModel {
   // those of step + 1), and which kinds of dropout site keep their p (bit k: kind k of
   // dropout_site_kind; the others drop nothing). Neither is for training.
   void set_dropout_step(uint64_t step);
-  void set_dropout_site_kinds(uint32_t kinds) { dropout_site_kinds_ = kinds; }
+  void set_dropout_site_kinds(uint32_t kinds);  // std::logic_error once steps are captured
   // 0 the embeddings, 1 attention probabilities, 2 attention output, 3 FFN output.
   static int dropout_site_kind(int site) { return site == 0 ? 0 : (site - 1) % 3 + 1; }
 

@@ -7,8 +7,10 @@
 // - Tensors are CUDA, contiguous, of one storage type (float32, float16, bfloat16) unless stated;
 //   row-wise ops take x of shape [..., C] as rows = x.numel() / C rows of C.
 // - mean, rstd, lse and other saved statistics are float32.
-// - A dropout takes p and `philox`: an int64 CPU tensor (seed, offset) that the Python side draws
-//   from PyTorch's generator; the backward takes the same tensor and regenerates the mask.
+// - A dropout takes p and `philox`: an int64 tensor (seed, offset) that the Python side draws from
+//   PyTorch's generator, on the CPU, or on the data's device while torch.compile traces (then the
+//   kernels read the offset there, tensor_checks.h's philox_of); the backward takes the same tensor
+//   and regenerates the mask.
 #include <torch/library.h>
 
 TORCH_LIBRARY(fusekit, m) {

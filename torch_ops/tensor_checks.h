@@ -112,9 +112,6 @@ inline void check_dropout(double p, const char* op) {
   TORCH_CHECK_VALUE(p >= 0.0 && p < 1.0, text("fusekit::", op, ": dropout p must be in [0, 1), not ", p));
 }
 
-// A dropout's Philox key and counter offset: an int64 CPU tensor of two elements, drawn by the
-// Python side from PyTorch's generator (so torch.manual_seed makes runs reproducible) and given to
-// the backward unchanged, which regenerates the same mask.
 // A dropout call's Philox stream, from its `philox` tensor: int64, 2 elements. On the CPU, (seed,
 // offset) read here (eager calls: PyTorch's CPU generator drew them). On the device of `like`
 // (calls traced by torch.compile, which keeps host tensors out of a CUDA graph): the kernels read

@@ -153,6 +153,22 @@ def test_device_philox_reads_the_offset_on_the_device():
     for a, c in zip(on_cpu[3:], on_device[3:]):
         assert relative_error(c, a) < 2e-3  # the parameter gradients sum with atomics
     assert not torch.equal(on_cpu[0], other[0]) and not torch.equal(on_cpu[1], other[1])
+    # Read when the kernel runs: captured in a CUDA graph, a replay after the offset changed on the
+    # device draws the new offset's mask.
+    philox = torch.tensor([7, 12345], dtype=torch.int64, device=DEVICE)
+    xs = [t.clone() for t in (x, b, r, w, nb)]
+    ops.bias_dropout_residual_layernorm(*xs, 0.1, philox, 1e-5)  # warm-up, outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ops.bias_dropout_residual_layernorm(*xs, 0.1, philox, 1e-5)[0]
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, on_cpu[0])
+    philox[1] = 12346
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, other[0]), "the replay did not read the new offset"
     with pytest.raises(ValueError, match="philox must be an int64 tensor of 2 elements"):
         ops.bias_dropout_residual_layernorm(x, b, r, w, nb, 0.1, torch.zeros(3, dtype=torch.int64, device=DEVICE),
                                             1e-5)
@@ -160,18 +176,34 @@ def test_device_philox_reads_the_offset_on_the_device():
 
 def test_compiled_dropout_draws_on_the_device_and_follows_torch_manual_seed():
     """Under torch.compile the draw happens on the device (no host tensor in the graph): the
-    compiled function runs, draws a fresh mask per call, and torch.manual_seed repeats them."""
-    x, b, r = randn(64, 768, dtype=torch.float16), randn(768, dtype=torch.float16), randn(64, 768, dtype=torch.float16)
-    w, nb = torch.ones(768, device=DEVICE, dtype=torch.float16), torch.zeros(768, device=DEVICE, dtype=torch.float16)
-    compiled = torch.compile(lambda x, b, r, w, nb: fk.bias_dropout_residual_layer_norm(x, b, r, w, nb, 0.1),
-                             fullgraph=True)
+    compiled function and its backward run, draw a fresh mask per call, torch.manual_seed repeats
+    them, and the backward applies the forward's mask (with x = 1, bias 0, residual 0, gamma 1 and
+    beta 0 the output's sign shows the mask, and the gradient of sum(y * g) with respect to x is
+    zero exactly where it dropped)."""
+    h = torch.float16
+    ones = torch.ones(64, 768, device=DEVICE, dtype=h)
+    zeros = torch.zeros(768, device=DEVICE, dtype=h)
+    g = randn(64, 768, dtype=h)
+
+    def step(x):
+        y = fk.bias_dropout_residual_layer_norm(x, zeros, torch.zeros_like(ones), torch.ones_like(zeros), zeros, 0.1)
+        (y.float() * g.float()).sum().backward()
+        return y.detach()
+
+    compiled = torch.compile(step)
     torch.manual_seed(5)
-    a, c = compiled(x, b, r, w, nb), compiled(x, b, r, w, nb)
+    x1, x2 = leaf(ones), leaf(ones)
+    a, c = compiled(x1), compiled(x2)
     torch.manual_seed(5)
-    a2 = compiled(x, b, r, w, nb)
-    assert torch.isfinite(a.float()).all()
-    assert torch.equal(a, a2)
+    x3 = leaf(ones)
+    a2 = compiled(x3)
+    assert torch.isfinite(a.float()).all() and torch.isfinite(x1.grad.float()).all()
+    assert torch.equal(a, a2) and torch.equal(x1.grad, x3.grad)
     assert not torch.equal(a, c)
+    dropped = a.float() < a.float().mean(-1, keepdim=True)  # LayerNorm of mask / (1 - p)
+    assert 0.05 < dropped.float().mean().item() < 0.15
+    assert torch.equal(x1.grad[dropped], torch.zeros_like(x1.grad[dropped])), "backward kept a dropped element"
+    assert (x1.grad[~dropped] != 0).float().mean().item() > 0.99, "backward dropped a kept element"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
