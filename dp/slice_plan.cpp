@@ -40,11 +40,17 @@ ExchangePlan plan_exchange(std::span<const uint64_t> histograms, size_t stride, 
     const auto h = row(s);
     for (size_t b = 0; b < bins; ++b) plan.loads[b] += h[b];
   }
-  plan.counts.reserve(static_cast<size_t>(ranks) * ranks);
+  // The partition depends on the loads alone: made once, for this rank; the others' counts are
+  // their bins summed between the same bin edges.
+  plan.mine = plan_slices(row(me), plan.loads, ranks, elements, kind);
+  const std::vector<size_t>& bin_edges = plan.mine.partition.edges;
+  plan.counts.assign(static_cast<size_t>(ranks) * ranks, 0);
   for (int s = 0; s < ranks; ++s) {
-    SlicePlan one = plan_slices(row(s), plan.loads, ranks, elements, kind);
-    plan.counts.insert(plan.counts.end(), one.send_counts.begin(), one.send_counts.end());
-    if (s == me) plan.mine = std::move(one);
+    const auto h = row(s);
+    for (int r = 0; r < ranks; ++r) {
+      uint64_t& count = plan.counts[static_cast<size_t>(s) * ranks + r];
+      for (size_t b = bin_edges[r]; b < bin_edges[r + 1]; ++b) count += h[b];
+    }
   }
   return plan;
 }

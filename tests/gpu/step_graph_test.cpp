@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -22,6 +21,7 @@
 #include "models/swin_config.h"
 #include "models/swin_fused.h"
 #include "models/swin_init.h"
+#include "swin_test_support.h"
 #include "test_stream.h"
 
 namespace fusekit::models {
@@ -47,31 +47,29 @@ std::vector<MlmBatch> bert_batches(const BertConfig& config) {
   return {make_mlm_batch(options, 0), make_mlm_batch(options, 1)};
 }
 
-SwinBatch swin_batch(const SwinConfig& c, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal;
-  std::uniform_int_distribution<int64_t> label(0, c.classes - 1);
-  SwinBatch b;
-  b.images.resize(static_cast<size_t>(c.batch) * c.in_channels * c.image_size * c.image_size);
-  for (float& v : b.images) v = normal(rng);
-  for (int i = 0; i < c.batch; ++i) b.labels.push_back(label(rng));
-  return b;
-}
-
 // Largest ||a - b|| / ||a|| over the tensors.
 double largest_distance(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b) {
   EXPECT_EQ(a.size(), b.size());
   double worst = 0;
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    double norm = 0, diff = 0;
-    for (size_t j = 0; j < a[i].values.size() && j < b[i].values.size(); ++j) {
-      const double x = a[i].values[j], y = b[i].values[j];
-      norm += x * x;
-      diff += (x - y) * (x - y);
-    }
-    worst = std::max(worst, std::sqrt(diff) / std::max(std::sqrt(norm), 1e-6));
+    const double scale = std::max(swin_test::norm(a[i].values), 1e-6);
+    worst = std::max(worst, swin_test::distance(a[i].values, b[i].values) / scale);
   }
   return worst;
+}
+
+// `steps` steps of each model, batches 0, 1, 0, ...: the replayed losses within `tolerance`
+// (relative) of the enqueued ones.
+template <class Model>
+void expect_same_losses(Model& enqueued, Model& graphed, int steps, double tolerance, cudaStream_t stream) {
+  for (int i = 0; i < steps; ++i) {
+    enqueued.enqueue_step(i % 2, stream);
+    const float expected = enqueued.last_loss();
+    graphed.enqueue_step(i % 2, stream);
+    const float loss = graphed.last_loss();
+    ASSERT_TRUE(std::isfinite(loss)) << "step " << i;
+    EXPECT_NEAR(loss, expected, tolerance * std::fabs(expected)) << "step " << i;
+  }
 }
 
 class StepGraphTest : public ::testing::TestWithParam<DType> {};
@@ -92,14 +90,7 @@ TEST_P(StepGraphTest, BertGraphsTrainAsEnqueuedSteps) {
   graphed.capture_step_graphs();
   ASSERT_TRUE(graphed.graphed());
   EXPECT_THROW(graphed.enqueue_step(2, stream.stream), std::out_of_range);
-  for (int i = 0; i < 5; ++i) {
-    enqueued.enqueue_step(i % 2, stream.stream);
-    const float expected = enqueued.last_loss();
-    graphed.enqueue_step(i % 2, stream.stream);
-    const float loss = graphed.last_loss();
-    ASSERT_TRUE(std::isfinite(loss)) << "step " << i;
-    EXPECT_NEAR(loss, expected, 1e-3 * std::fabs(expected)) << "step " << i;
-  }
+  expect_same_losses(enqueued, graphed, 5, 1e-3, stream.stream);
   // Each step moves a weight by up to lr (1e-3, against weights of 0.02: 5%); the two models differ
   // by their GEMMs' algorithms (each context times its candidates) within a fraction of that.
   EXPECT_LE(largest_distance(enqueued.parameters(), graphed.parameters()), 1e-2);
@@ -165,7 +156,7 @@ TEST_P(StepGraphTest, SwinGraphsTrainAsEnqueuedSteps) {
   FUSEKIT_REQUIRE_GPU();
   const SwinConfig c = parse_swin_config(std::string("swin-test:b4:") + dtype_spec_name(GetParam()));
   const SwinInitialWeights weights(c, 21, c.dtype);
-  const std::vector<SwinBatch> batches = {swin_batch(c, 22), swin_batch(c, 23)};
+  const std::vector<SwinBatch> batches = {swin_test::random_batch(c, 22), swin_test::random_batch(c, 23)};
   const test_support::NonBlockingStream stream;
   FusedSwin enqueued(c), graphed(c);
   enqueued.load_state_dict(weights.tensors());
@@ -175,14 +166,7 @@ TEST_P(StepGraphTest, SwinGraphsTrainAsEnqueuedSteps) {
   EXPECT_FALSE(graphed.graphed());
   graphed.capture_step_graphs();
   ASSERT_TRUE(graphed.graphed());
-  for (int i = 0; i < 4; ++i) {
-    enqueued.enqueue_step(i % 2, stream.stream);
-    const float expected = enqueued.last_loss();
-    graphed.enqueue_step(i % 2, stream.stream);
-    const float loss = graphed.last_loss();
-    ASSERT_TRUE(std::isfinite(loss)) << "step " << i;
-    EXPECT_NEAR(loss, expected, 1e-4 * std::fabs(expected)) << "step " << i;
-  }
+  expect_same_losses(enqueued, graphed, 4, 1e-4, stream.stream);
   EXPECT_LE(largest_distance(enqueued.parameters(), graphed.parameters()), 1e-3);
   graphed.prepare_batches(batches);  // new batches: the graphs read the old ones, so they go
   EXPECT_FALSE(graphed.graphed());
@@ -228,7 +212,7 @@ TEST(StepGraph, CapturedStepsRefuseWhatTheyCannotFollow) {
   const SwinInitialWeights swin_weights(c, 5, c.dtype);
   FusedSwin swin(c);
   swin.load_state_dict(swin_weights.tensors());
-  swin.prepare_batches({swin_batch(c, 6)});
+  swin.prepare_batches({swin_test::random_batch(c, 6)});
   swin.capture_step_graphs();
   swin.load_state_dict(swin_weights.tensors());
   EXPECT_FALSE(swin.graphed());
