@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu_test_support.h"
@@ -47,13 +48,17 @@ std::vector<MlmBatch> bert_batches(const BertConfig& config) {
   return {make_mlm_batch(options, 0), make_mlm_batch(options, 1)};
 }
 
-// Largest ||a - b|| / ||a|| over the tensors.
-double largest_distance(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b) {
+// Largest ||a - b|| / ||a|| over the tensors, with the tensor's name. BERT's attention key bias is
+// left out: its gradient is zero in exact arithmetic (the softmax cancels q.b_k), so AdamW, which
+// divides a gradient by its own running size, moves it by up to lr per step in a direction set by
+// rounding noise, which differs between any two runs whose GEMMs differ.
+std::pair<double, std::string> largest_distance(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b) {
   EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
+  std::pair<double, std::string> worst{0.0, ""};
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (a[i].name.find("attention.self.key.bias") != std::string::npos) continue;
     const double scale = std::max(swin_test::norm(a[i].values), 1e-6);
-    worst = std::max(worst, swin_test::distance(a[i].values, b[i].values) / scale);
+    worst = std::max(worst, {swin_test::distance(a[i].values, b[i].values) / scale, a[i].name});
   }
   return worst;
 }
@@ -93,7 +98,8 @@ TEST_P(StepGraphTest, BertGraphsTrainAsEnqueuedSteps) {
   expect_same_losses(enqueued, graphed, 5, 1e-3, stream.stream);
   // Each step moves a weight by up to lr (1e-3, against weights of 0.02: 5%); the two models differ
   // by their GEMMs' algorithms (each context times its candidates) within a fraction of that.
-  EXPECT_LE(largest_distance(enqueued.parameters(), graphed.parameters()), 1e-2);
+  const auto [distance, name] = largest_distance(enqueued.parameters(), graphed.parameters());
+  EXPECT_LE(distance, 1e-2) << name;
 }
 
 // With lr 0 the weights stay put, so the same batch's loss changes from replay to replay only by
@@ -167,7 +173,8 @@ TEST_P(StepGraphTest, SwinGraphsTrainAsEnqueuedSteps) {
   graphed.capture_step_graphs();
   ASSERT_TRUE(graphed.graphed());
   expect_same_losses(enqueued, graphed, 4, 1e-4, stream.stream);
-  EXPECT_LE(largest_distance(enqueued.parameters(), graphed.parameters()), 1e-3);
+  const auto [distance, name] = largest_distance(enqueued.parameters(), graphed.parameters());
+  EXPECT_LE(distance, 1e-3) << name;
   graphed.prepare_batches(batches);  // new batches: the graphs read the old ones, so they go
   EXPECT_FALSE(graphed.graphed());
 }

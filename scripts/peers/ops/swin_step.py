@@ -69,9 +69,19 @@ def mark_stages(model):
     would trace the hooks). A model without timm's layout is left unmarked, with a line on stderr."""
     nvtx = torch.cuda.nvtx
 
+    # A hook that returns something replaces the module's input (pre) or output: range_push and
+    # range_pop return the nesting depth, so the hooks return None themselves.
+    def push(name):
+        def hook(*_):
+            nvtx.range_push(name)
+        return hook
+
+    def pop(*_):
+        nvtx.range_pop()
+
     def mark(module, name):
-        module.register_forward_pre_hook(lambda *_: nvtx.range_push(name))
-        module.register_forward_hook(lambda *_: nvtx.range_pop())
+        module.register_forward_pre_hook(push(name))
+        module.register_forward_hook(pop)
 
     try:
         mark(model.patch_embed, "swin.patch_embed")
