@@ -102,6 +102,13 @@ inline constexpr std::string_view kHtmlScript = R"JS(
   if (typeof Chart !== 'undefined') {
     Chart.defaults.animation = false;
     Chart.defaults.font.family = 'system-ui, sans-serif';
+    // After each draw, the canvas says how many values it drew (data-points; reference lines left
+    // out), so that a check in a browser can tell a chart that draws nothing.
+    Chart.register({id: 'fusekit-points', afterDraw: (c) => {
+      const drawn = (v) => v !== null && v !== undefined && !(typeof v === 'number' && !Number.isFinite(v));
+      c.canvas.dataset.points = String(c.data.datasets.filter((d) => d.label !== 'as fast')
+                                         .reduce((n, d) => n + d.data.filter(drawn).length, 0));
+    }});
   }
   const chart = (id, config) => {
     const canvas = document.getElementById(id);
