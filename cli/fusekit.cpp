@@ -39,7 +39,9 @@ int main(int argc, char** argv) {
       "fp32 | fp16 | bf16: with --op, the case's dtype; with --suite ops, run the suite in this dtype only");
   bench_cmd->add_flag("--backward", bench_options.backward, "With --op: time forward + backward");
   bench_cmd
-      ->add_option("--ops", bench_options.ops, "With --suite ops or attention: only these operators (comma-separated)")
+      ->add_option("--ops", bench_options.ops,
+                   "With --suite: only these operators (comma-separated); NAME:DTYPE runs one in that dtype only, "
+                   "e.g. --suite models --ops bert_step,swin_step:fp16")
       ->delimiter(',');
   bench_cmd
       ->add_option("--peers", bench_options.peers,
@@ -78,7 +80,9 @@ int main(int argc, char** argv) {
   cases_cmd->add_option("--dtype", cases_options.dtype,
                         "fp32 | fp16 | bf16: with --op, the case's dtype; with --suite, the suite in this dtype only");
   cases_cmd->add_flag("--backward", cases_options.backward, "With --op: forward + backward");
-  cases_cmd->add_option("--ops", cases_options.ops, "With --suite: only these operators (comma-separated)")
+  cases_cmd
+      ->add_option("--ops", cases_options.ops,
+                   "With --suite: only these operators (comma-separated); NAME:DTYPE: that dtype only")
       ->delimiter(',');
   cases_cmd->add_option("-o,--output", cases_options.output, "Output file (default: standard output)");
 

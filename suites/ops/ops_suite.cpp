@@ -1,6 +1,7 @@
 #include "suites/ops/ops_suite.h"
 
 #include <algorithm>
+#include <optional>
 
 #include <stdexcept>
 
@@ -92,7 +93,12 @@ void for_each_selected_case(const OpsRequest& request, Visit visit) {
   if (std::find(op_suites().begin(), op_suites().end(), request.suite) == op_suites().end()) {
     throw std::invalid_argument("unknown operator suite '" + request.suite + "'");
   }
-  for (const std::string& name : request.only) {
+  // --ops entries: NAME (the operator in the suite's dtypes, or --dtype's) or NAME:DTYPE (in that
+  // dtype only; an operator named twice runs in each dtype it is named with).
+  std::vector<std::pair<std::string, std::optional<kernels::DType>>> selected;
+  for (const std::string& entry : request.only) {
+    const size_t colon = entry.find(':');
+    const std::string name = entry.substr(0, colon);
     bool known = false;
     for (const OpDefinition& op : ops()) known = known || (op.name == name && op.suite == request.suite);
     if (!known) {
@@ -103,16 +109,34 @@ void for_each_selected_case(const OpsRequest& request, Visit visit) {
       throw std::invalid_argument("unknown operator '" + name + "' in --ops (the " + request.suite +
                                   " suite has: " + names + ")");
     }
+    std::optional<kernels::DType> dtype;
+    if (colon != std::string::npos) {
+      dtype = parse_dtype(entry.substr(colon + 1));
+      if (!request.dtype.empty() && *dtype != parse_dtype(request.dtype)) {
+        throw std::invalid_argument("--ops " + entry + " asks for another dtype than --dtype " + request.dtype);
+      }
+    }
+    selected.emplace_back(name, dtype);
   }
   std::vector<kernels::DType> dtypes = {kernels::DType::f16, kernels::DType::bf16};
   if (!request.dtype.empty()) dtypes = {parse_dtype(request.dtype)};  // the whole suite in one dtype
   bool any = false;
   for (const OpDefinition& op : ops()) {
     if (op.suite != request.suite) continue;
-    if (!request.only.empty() && std::find(request.only.begin(), request.only.end(), op.name) == request.only.end()) {
-      continue;
+    std::vector<kernels::DType> op_dtypes = request.only.empty() ? dtypes : std::vector<kernels::DType>{};
+    for (const auto& [name, dtype] : selected) {
+      if (name != op.name) continue;
+      for (kernels::DType d : dtype ? std::vector<kernels::DType>{*dtype} : dtypes) {
+        if (std::find(op_dtypes.begin(), op_dtypes.end(), d) == op_dtypes.end()) op_dtypes.push_back(d);
+      }
     }
-    for (kernels::DType dtype : dtypes) {
+    std::sort(op_dtypes.begin(), op_dtypes.end(), [&](kernels::DType a, kernels::DType b) {
+      const auto rank = [](kernels::DType d) {
+        return d == kernels::DType::f16 ? 0 : d == kernels::DType::bf16 ? 1 : 2;
+      };
+      return rank(a) < rank(b);
+    });
+    for (kernels::DType dtype : op_dtypes) {
       for (bool backward : {false, true}) {
         if (backward && !op.has_backward) continue;
         for (const std::string& shape : op.shapes) {

@@ -88,12 +88,36 @@ TEST(CaseListing, MatchesTheCasesBenchRuns) {
   }
 }
 
+// NAME:DTYPE in --ops: that operator in that dtype only, the others in the suite's dtypes; suite order
+// and, per operator, fp16 before bf16 whatever the order of the entries.
+TEST(CaseListing, AnOperatorInOneDtype) {
+  const std::vector<ListedCase> cases =
+      list_ops_cases({"", "", "", false, {"swin_step:fp16", "bert_step:bf16", "bert_step:fp16"}, "models"});
+  std::vector<std::string> names;
+  for (const ListedCase& c : cases) names.push_back(c.info.name);
+  ASSERT_EQ(names.size(), 10u);  // BERT: 4 shapes in 2 dtypes; Swin: 2 shapes in fp16
+  EXPECT_EQ(names[0], "bert_step/bert-base:b64:s128/fp16/fwd");
+  EXPECT_EQ(names[4], "bert_step/bert-base:b64:s128/bf16/fwd");
+  EXPECT_EQ(names[8], "swin_step/swin-t:b128/fp16/fwd");
+  EXPECT_EQ(names[9], "swin_step/swin-b:b64/fp16/fwd");
+  const std::vector<ListedCase> swin_bf16 = list_ops_cases({"", "", "", false, {"swin_step:bf16"}, "models"});
+  ASSERT_EQ(swin_bf16.size(), 2u);
+  EXPECT_EQ(swin_bf16[0].info.dtype, "bf16");
+  // A plain name keeps the suite's two dtypes, or --dtype's one.
+  EXPECT_EQ(list_ops_cases({"", "", "", false, {"swin_step"}, "models"}).size(), 4u);
+  EXPECT_EQ(list_ops_cases({"", "", "bf16", false, {"swin_step"}, "models"}).size(), 2u);
+  EXPECT_EQ(list_ops_cases({"", "", "bf16", false, {"swin_step:bf16"}, "models"}).size(), 2u);
+}
+
 TEST(CaseListing, BadSelectionsAreUsageErrors) {
   EXPECT_THROW(list_ops_cases({"nosuchop", "1x1", "fp16", false, {}, "ops"}), std::invalid_argument);
   EXPECT_THROW(list_ops_cases({"layernorm", "8192", "fp16", false, {}, "ops"}), std::invalid_argument);
   EXPECT_THROW(list_ops_cases({"adamw", "bert-base", "fp16", true, {}, "ops"}), std::invalid_argument);
   EXPECT_THROW(list_ops_cases({"", "", "", false, {}, "demo"}), std::invalid_argument);
   EXPECT_THROW(list_ops_cases({"", "", "fp8", false, {}, "ops"}), std::invalid_argument);
+  EXPECT_THROW(list_ops_cases({"", "", "", false, {"swin_step:fp8"}, "models"}), std::invalid_argument);
+  EXPECT_THROW(list_ops_cases({"", "", "fp16", false, {"swin_step:bf16"}, "models"}), std::invalid_argument);
+  EXPECT_THROW(list_ops_cases({"", "", "", false, {"swinstep:fp16"}, "models"}), std::invalid_argument);
 }
 
 TEST(PeerResults, GoodLines) {
