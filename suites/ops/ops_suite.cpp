@@ -111,7 +111,11 @@ void for_each_selected_case(const OpsRequest& request, Visit visit) {
     }
     std::optional<kernels::DType> dtype;
     if (colon != std::string::npos) {
-      dtype = parse_dtype(entry.substr(colon + 1));
+      try {
+        dtype = parse_dtype(entry.substr(colon + 1));
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument("--ops " + entry + ": " + e.what());
+      }
       if (!request.dtype.empty() && *dtype != parse_dtype(request.dtype)) {
         throw std::invalid_argument("--ops " + entry + " asks for another dtype than --dtype " + request.dtype);
       }

@@ -7,7 +7,7 @@ fusekit binary under test, then loads each page in headless Chromium: the page l
 no console message and throws nothing, and every chart (<canvas>) of the page drew at least one value
 (the page's Chart.js plugin writes the count it drew into the canvas's data-points attribute after
 each draw). Then the check itself is checked: a copy of a report whose charts' values are all
-blanked must fail it. One line per check; on failure, one line saying why and exit 1; exit 77
+blanked must fail it, and so must a copy that logs to the console. One line per check; on failure, one line saying why and exit 1; exit 77
 (skipped) where no Chromium is installed.
 """
 import json
@@ -128,6 +128,17 @@ def blank_charts(path, out):
     return blank
 
 
+def with_console_error(path, out):
+    """A copy of the page whose last script logs an error to the console."""
+    with open(path, encoding="utf-8") as f:
+        html = f.read()
+    end = html.rindex("</body>")
+    noisy = os.path.join(out, "noisy-" + os.path.basename(path))
+    with open(noisy, "w", encoding="utf-8") as f:
+        f.write(html[:end] + '<script>console.error("check_report_pages probe")</script>' + html[end:])
+    return noisy
+
+
 def main():
     if len(sys.argv) != 3:
         print("usage: check_report_pages.py <fusekit> <evidence dir>", file=sys.stderr)
@@ -150,6 +161,9 @@ def main():
             problems, _ = page_problems(chromium, blank_charts(charted, out))
             check(any("drew nothing" in p for p in problems),
                   "a copy whose chart values are blanked fails the check (it can fail)", problems)
+            problems, _ = page_problems(chromium, with_console_error(charted, out))
+            check(any("check_report_pages probe" in p for p in problems),
+                  "a copy that logs to the console fails the check", problems)
         except (Failure, OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
             print(f"FAIL: {e}", file=sys.stderr)
             return 1

@@ -248,12 +248,26 @@ TEST_P(BertModelTest, LossCurvesTrackTheBaselineOver200Steps) {
   };
   BertTrainOptions other_seed = options;
   other_seed.seed = 12345;
-  baselines::BaselineBert baseline(config, options, baselines::BaselinePrecision::amp);
-  baselines::BaselineBert baseline2(config, other_seed, baselines::BaselinePrecision::amp);
-  baselines::BaselineBert masked(config, options, baselines::BaselinePrecision::amp);
-  masked.set_dropout_masks(fused_masks(config, options, ~0u, &offset));
-  FusedBert fused(config, options);
-  const std::vector<double> b1 = curve(baseline), b2 = curve(baseline2), f = curve(fused), bm = curve(masked);
+  // Each model is built right before its curve: a BaselineBert seeds torch's CUDA generator when it
+  // is built, so building them all first would leave both baselines on the last one's seed.
+  std::vector<double> b1, b2, f, bm;
+  {
+    baselines::BaselineBert baseline(config, options, baselines::BaselinePrecision::amp);
+    b1 = curve(baseline);
+  }
+  {
+    baselines::BaselineBert baseline2(config, other_seed, baselines::BaselinePrecision::amp);
+    b2 = curve(baseline2);
+  }
+  {
+    FusedBert fused(config, options);
+    f = curve(fused);
+  }
+  {
+    baselines::BaselineBert masked(config, options, baselines::BaselinePrecision::amp);
+    masked.set_dropout_masks(fused_masks(config, options, ~0u, &offset));
+    bm = curve(masked);
+  }
   EXPECT_LT(b1.back(), b1.front() - 0.5) << "the baseline does not learn: the test says nothing";
   // Per window, the fused run against the baseline drawing the same masks (the same function, step
   // for step), within 2% or the spread of the two baselines that differ only in their dropout seed.
