@@ -22,6 +22,7 @@ import importlib
 import math
 import os
 import sys
+import traceback
 
 import torch
 
@@ -134,35 +135,24 @@ def main() -> int:
     bus_id = (f"{getattr(props, 'pci_domain_id', 0):08X}:{getattr(props, 'pci_bus_id', 0):02X}:"
               f"{getattr(props, 'pci_device_id', 0):02X}.0")
     results = None if args.traced_only else open(args.results, "w", encoding="utf-8")
+    failed = []
     try:
         for i, listed_case in enumerate(listed):
-            case = modules[listed_case.op].make_case(listed_case)
-            for variant in args.variants.split(",") + list(case.extra_variants):
-                if not variant.endswith("compile"):
-                    fn = case.function
-                else:
-                    torch._dynamo.reset()  # only this case's graphs in the cache, so only their guards run
-                    fn = torch.compile(case.function, dynamic=False)
-                step = case.make_step(fn, variant) if case.extra_variants else case.make_step(fn)
-                label = f"{case.name} [peer:{variant}]"
-                print(f"[{i + 1}/{len(listed)}] {label}", file=sys.stderr, flush=True)
-                start = gpu_conditions(bus_id, "start") if results is not None else {}
-                with torch.enable_grad() if case.backward else torch.no_grad():
-                    samples = time_case(step, case.sets, args.warmup, args.warmup_ms, args.reps, args.sample_us,
-                                        label, rep_ranges=args.traced_only)
-                metrics = dict(case.metrics()) if case.metrics else {}
-                if results is not None:  # the conditions around the timed samples, as the runner's
-                    metrics.update(start)
-                    metrics.update(gpu_conditions(bus_id, "end"))
-                if results is not None:
-                    results.write(result_line(case.name, f"peer:{variant}", samples, metrics))
-                    results.flush()
-            if case.release:
-                case.release()
+            # A case that raises is reported and left out; the cases after it still run (their results
+            # are what a run of many cases is for), and the script exits 1 at the end.
+            try:
+                run_case(modules[listed_case.op], listed_case, i, len(listed), args, bus_id, results)
+            except Exception:  # noqa: BLE001 (any error of one case: reported, then the next case)
+                failed.append(listed_case.name)
+                print(f"ops.py: {listed_case.name} failed:", file=sys.stderr)
+                traceback.print_exc(file=sys.stderr)
             torch.cuda.empty_cache()
     finally:
         if results is not None:
             results.close()
+    if failed:
+        print(f"ops.py: {len(failed)} of {len(listed)} case(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 
