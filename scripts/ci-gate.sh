@@ -3,10 +3,16 @@
 # suites), gates the candidate run against the committed evidence of this GPU (or against the
 # recent runs of a history store), writes the Markdown summary for a pull-request comment, and
 # exits 1 on a regression.
-#   bash scripts/ci-gate.sh [--base REF] [--suites ops,attention,models] [--dtype fp16]
-#                           [--history DB [--history-runs N]] [--out DIR] [--no-confirm] [--dry-run]
+#   bash scripts/ci-gate.sh [--base REF] [--ops LIST] [--suites ops,attention,models] [--dtype fp16]
+#                           [--history DB [--history-runs N]] [--candidate-fusekit BIN] [--out DIR]
+#                           [--no-confirm] [--dry-run]
 #   --base REF       measure only the operators touched between REF and HEAD (scripts/touched_ops.py);
 #                    without it, every case of the suites
+#   --ops LIST       measure only these operators (comma-separated; with --base, those of them touched)
+#   --candidate-fusekit BIN
+#                    measure with this fusekit (a build of another commit: what the gate says about
+#                    it, e.g. to bisect a regression) instead of HEAD's; HEAD's build still lists the
+#                    cases and gates
 #   --suites LIST    suites to consider (default ops,attention: the evidence's operator suites;
 #                    add models for the whole BERT step)
 #   --dtype DTYPE    the cases' dtype (default fp16, the evidence's)
@@ -26,12 +32,15 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 1
-base="" suites="ops,attention" dtype="fp16" history="" history_runs=5 out="out/ci-gate" dry_run=0 confirm=1
-usage() { echo "ci-gate: $1 (usage: bash scripts/ci-gate.sh [--base REF] [--suites LIST] [--dtype D] [--history DB [--history-runs N]] [--out DIR] [--no-confirm] [--dry-run])" >&2; exit 2; }
+base="" only="" suites="ops,attention" dtype="fp16" history="" history_runs=5 out="out/ci-gate" dry_run=0 confirm=1
+measure_with=""
+usage() { echo "ci-gate: $1 (usage: bash scripts/ci-gate.sh [--base REF] [--ops LIST] [--suites LIST] [--dtype D] [--history DB [--history-runs N]] [--candidate-fusekit BIN] [--out DIR] [--no-confirm] [--dry-run])" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --base) [ $# -ge 2 ] || usage "--base needs a git ref"; base="$2"; shift 2 ;;
     --suites) [ $# -ge 2 ] || usage "--suites needs a list"; suites="$2"; shift 2 ;;
+    --ops) [ $# -ge 2 ] && [ -n "$2" ] || usage "--ops needs a list of operators"; only="$2"; shift 2 ;;
+    --candidate-fusekit) [ $# -ge 2 ] || usage "--candidate-fusekit needs a fusekit binary"; measure_with="$2"; shift 2 ;;
     --dtype) [ $# -ge 2 ] || usage "--dtype needs fp32, fp16 or bf16"; dtype="$2"; shift 2 ;;
     --history) [ $# -ge 2 ] || usage "--history needs a store"; history="$2"; shift 2 ;;
     --history-runs) [ $# -ge 2 ] || usage "--history-runs needs a count"; history_runs="$2"; shift 2 ;;
@@ -50,6 +59,14 @@ if [ "$dry_run" = 0 ]; then
 fi
 FUSEKIT="${BUILD_DIR:-$ROOT/build}/fusekit"
 [ -x "$FUSEKIT" ] || { echo "ci-gate: $FUSEKIT is missing (build it first, or run without --dry-run)" >&2; exit 1; }
+MEASURE="${measure_with:-$FUSEKIT}"  # the fusekit whose kernels are measured
+[ -x "$MEASURE" ] || usage "--candidate-fusekit '$measure_with' is not an executable"
+if [ -n "$only" ]; then
+  listed="$(for s in ${suites//,/ }; do "$FUSEKIT" cases --suite "$s" --dtype "$dtype"; done 2>/dev/null |
+    python3 -c 'import re, sys; print(",".join(sorted(set(re.findall(r"\"op\": \"([a-z0-9_]+)\"", sys.stdin.read())))))')"
+  unknown="$(python3 -c 'import sys; print(",".join(sorted(set(sys.argv[1].split(",")) - set(sys.argv[2].split(",")))))' "$only" "$listed")"
+  [ -z "$unknown" ] || usage "--ops: no operator '$unknown' in the suites $suites"
+fi
 
 # The GPU's short name: the first word like h100, a100, l40s in its name.
 gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
@@ -66,12 +83,21 @@ if [ -n "$base" ]; then
   known="$(for s in ${suites//,/ }; do "$FUSEKIT" cases --suite "$s" --dtype "$dtype"; done 2>/dev/null |
     python3 -c 'import re, sys; print(",".join(sorted(set(re.findall(r"\"op\": \"([a-z0-9_]+)\"", sys.stdin.read())))))')"
   touched="$(git diff --name-only "$base"...HEAD | python3 scripts/touched_ops.py --known "$known")"
+  if [ -n "$only" ] && [ -n "$touched" ]; then
+    if [ "$touched" = all ]; then
+      touched="$only"
+    else
+      touched="$(python3 -c 'import sys; print(",".join(sorted(set(sys.argv[1].split(",")) & set(sys.argv[2].split(",")))))' "$touched" "$only")"
+    fi
+  fi
   if [ -z "$touched" ]; then
     echo "ci-gate: no benchmarked operator is touched between $base and HEAD: nothing to measure"
     printf '**fusekit gate**: no benchmarked operator changed since `%s`.\n' "$base" >"$out/summary.md"
     exit 0
   fi
   echo "ci-gate: touched since $base: $touched"
+elif [ -n "$only" ]; then
+  touched="$only"
 fi
 
 failed=0 regressed=0
@@ -126,7 +152,7 @@ print(db.execute("SELECT COUNT(*) FROM runs WHERE gpuName = ? AND status = ?", (
   fi
   peers=()
   [ "$suite" = models ] && python3 -c 'import torch' 2>/dev/null && peers=(--peers scripts/peers/ops.py)
-  if ! "$FUSEKIT" bench --suite "$suite" --dtype "$dtype" "${ops[@]}" "${peers[@]}" --db "$candidate_db" \
+  if ! "$MEASURE" bench --suite "$suite" --dtype "$dtype" "${ops[@]}" "${peers[@]}" --db "$candidate_db" \
     --label "ci-gate $(git rev-parse --short HEAD)" >"$out/bench-$suite.log" 2>&1; then
     tail -20 "$out/bench-$suite.log"
     echo "ci-gate: $suite: the benchmark failed" >&2
@@ -143,7 +169,7 @@ print(db.execute("SELECT COUNT(*) FROM runs WHERE gpuName = ? AND status = ?", (
     echo "ci-gate: $suite: regressed in $again; measuring them again before failing"
     confirm_db="$out/$suite-confirm.db"
     rm -f "$confirm_db" "$confirm_db-wal" "$confirm_db-shm"
-    if "$FUSEKIT" bench --suite "$suite" --dtype "$dtype" --ops "$again" "${peers[@]}" --db "$confirm_db" \
+    if "$MEASURE" bench --suite "$suite" --dtype "$dtype" --ops "$again" "${peers[@]}" --db "$confirm_db" \
       --label "ci-gate confirm $(git rev-parse --short HEAD)" >"$out/bench-$suite-confirm.log" 2>&1; then
       "$FUSEKIT" gate "${baseline[@]}" --candidate "$confirm_db" --markdown "$out/gate-$suite-confirm.md"
       rc=$?

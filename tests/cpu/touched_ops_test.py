@@ -88,12 +88,25 @@ class CiGateDryRunTest(unittest.TestCase):
         self.assertIn("attention: measure every case (fp16), gate against evidence/h100/attention.db",
                       result.stdout)
 
+    def test_only_some_operators(self):
+        result = self.run_gate("--suites", "ops,attention", "--ops", "embedding_layernorm")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("ops: measure --ops embedding_layernorm (fp16), gate against evidence/h100/ops.db",
+                      result.stdout)
+        self.assertIn("attention: no touched operator", result.stdout)
+        unknown = self.run_gate("--ops", "embedding_layernorm,no_such_op")
+        self.assertEqual(unknown.returncode, 2)
+        self.assertIn("no operator 'no_such_op'", unknown.stderr)
+
     def test_usage_errors(self):
         self.assertEqual(self.run_gate("--dtype", "fp8").returncode, 2)
         self.assertEqual(self.run_gate("--history-runs", "0").returncode, 2)
         bad = self.run_gate("--base", "no-such-ref-anywhere")
         self.assertEqual(bad.returncode, 2)
         self.assertIn("is not a commit", bad.stderr)
+        missing = self.run_gate("--candidate-fusekit", "/no/such/fusekit")
+        self.assertEqual(missing.returncode, 2)
+        self.assertIn("is not an executable", missing.stderr)
 
 
 if __name__ == "__main__":
