@@ -392,9 +392,19 @@ int index(const IndexOptions& o) {
   for (const std::string& entry : o.entries) {
     const size_t equals = entry.find('=');
     if (equals == std::string::npos || equals == 0 || equals + 1 == entry.size()) {
-      throw std::invalid_argument("'" + entry + "' is not REPORT=STORE (e.g. ops.html=ops.db)");
+      throw std::invalid_argument("'" + entry + "' is not REPORT=STORE[#RUN] (e.g. ops.html=ops.db)");
     }
-    OpenedRun r = open_run({entry.substr(equals + 1), 0});
+    // STORE#RUN: that run of the store (a store may hold several); STORE alone: its latest run.
+    std::string db = entry.substr(equals + 1);
+    int64_t run = 0;
+    const size_t hash = db.rfind('#');
+    if (hash != std::string::npos && hash + 1 < db.size() &&
+        db.find_first_not_of("0123456789", hash + 1) == std::string::npos) {
+      run = std::stoll(db.substr(hash + 1));
+      db.resize(hash);
+      if (run <= 0) throw std::invalid_argument("'" + entry + "': run ids start at 1");
+    }
+    OpenedRun r = open_run({db, run});
     reports::IndexEntry e;
     e.href = entry.substr(0, equals);
     e.run = r.store.run(r.run);

@@ -155,7 +155,9 @@ int main(int argc, char** argv) {
 
   IndexOptions index_options;
   CLI::App* index_cmd = app.add_subcommand("index", "Write the index page of a folder of reports (HTML)");
-  index_cmd->add_option("entries", index_options.entries, "REPORT=STORE pairs: a report's address and its store")
+  index_cmd
+      ->add_option("entries", index_options.entries,
+                   "REPORT=STORE[#RUN] pairs: a report's address and its store (its run RUN; default: the latest)")
       ->required();
   index_cmd->add_option("-o,--output", index_options.output, "Output file (default: standard output)");
 

@@ -26,11 +26,27 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
       xz -dc "$db" >"$OUT_DIR/$name.db"
       db="$OUT_DIR/$name.db"
     fi
-    for format in html md csv; do
-      "$FUSEKIT" report --db "$db" --format "$format" -o "$OUT_DIR/$name.$format" >/dev/null
+    # Every run of the store: the latest as <gpu>-<suite>.html, an earlier one (a store may hold a
+    # second run, e.g. the same suite in another dtype) as <gpu>-<suite>-run<id>.html.
+    runs="$(python3 -c 'import sqlite3, sys
+print(" ".join(str(r[0]) for r in sqlite3.connect(sys.argv[1]).execute("SELECT id FROM runs ORDER BY id")))' "$db" 2>/dev/null)"
+    [ -n "$runs" ] || runs="latest"
+    latest="${runs##* }"
+    pages=()
+    for run in $runs; do
+      page="$name"
+      run_args=()
+      if [ "$run" != latest ]; then
+        run_args=(--run "$run")
+        [ "$run" = "$latest" ] || page="$name-run$run"
+      fi
+      for format in html md csv; do
+        "$FUSEKIT" report --db "$db" "${run_args[@]}" --format "$format" -o "$OUT_DIR/$page.$format" >/dev/null
+      done
+      pages+=("$OUT_DIR/$page.html")
+      index_entries+=("$page.html=$db${run_args:+#$run}")
     done
-    echo "fusekit: $source_path -> $OUT_DIR/$name.html, .md, .csv"
-    index_entries+=("$name.html=$db")
+    echo "fusekit: $source_path -> ${pages[*]} (and .md, .csv)"
   done
   [ "$found" = 1 ] || echo "fusekit: no evidence store found under evidence/"
   "$FUSEKIT" index -o "$OUT_DIR/index.html" "${index_entries[@]}"

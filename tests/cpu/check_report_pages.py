@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The shipped evidence's reports in a real browser: `check_report_pages.py <fusekit> <evidence dir>`.
 
-Renders the HTML report of every store under the evidence directory (<gpu>/<suite>.db or .db.xz, as
-scripts/run.sh does without a GPU) and the index page over them into a temporary directory, with the
+Renders the HTML report of every run of every store under the evidence directory (<gpu>/<suite>.db
+or .db.xz, as scripts/run.sh does without a GPU) and the index page over them into a temporary directory, with the
 fusekit binary under test, then loads each page in headless Chromium: the page loads, its script logs
 no console message and throws nothing, and every chart (<canvas>) of the page drew at least one value
 (the page's Chart.js plugin writes the count it drew into the canvas's data-points attribute after
@@ -15,6 +15,7 @@ import lzma
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -96,12 +97,16 @@ def render(fusekit, evidence, out):
                 with lzma.open(db) as src, open(plain, "wb") as dst:
                     shutil.copyfileobj(src, dst)
                 db = plain
-            page = os.path.join(out, f"{gpu}-{suite}.html")
-            result = subprocess.run([fusekit, "report", "--db", db, "--format", "html", "-o", page],
-                                    capture_output=True, text=True, timeout=300)
-            check(result.returncode == 0, f"fusekit report renders {gpu}/{name}", result.stderr.strip()[-300:])
-            pages.append(page)
-            entries.append(f"{os.path.basename(page)}={db}")
+            runs = [row[0] for row in sqlite3.connect(f"file:{db}?mode=ro", uri=True).execute("SELECT id FROM runs ORDER BY id")]
+            check(runs, f"{gpu}/{name} holds a run")
+            for run in runs:  # the latest as <gpu>-<suite>.html, an earlier one as <gpu>-<suite>-run<id>.html
+                page = os.path.join(out, f"{gpu}-{suite}" + ("" if run == runs[-1] else f"-run{run}") + ".html")
+                result = subprocess.run([fusekit, "report", "--db", db, "--run", str(run), "--format", "html", "-o",
+                                         page], capture_output=True, text=True, timeout=300)
+                check(result.returncode == 0, f"fusekit report renders run {run} of {gpu}/{name}",
+                      result.stderr.strip()[-300:])
+                pages.append(page)
+                entries.append(f"{os.path.basename(page)}={db}#{run}")
     check(pages, f"the evidence has stores ({evidence})")
     index = os.path.join(out, "index.html")
     result = subprocess.run([fusekit, "index", "-o", index] + entries, capture_output=True, text=True, timeout=120)

@@ -108,6 +108,14 @@ check "index links both reports" grep -c 'href="a.html"' "$work/index.html"
 check "index names the second" grep -q 'href="slow.html"' "$work/index.html"
 check_code 2 "index entry without a store" "$FUSEKIT" index "$work/a.db"
 check_code 1 "index of a missing store" "$FUSEKIT" index "x.html=$work/missing.db"
+# STORE#RUN: one report per run of a store that holds several (history.db: commits abcdef011..13).
+check "index of two runs of one store" "$FUSEKIT" index -o "$work/runs.html" "h1.html=$work/history.db#1" \
+  "h2.html=$work/history.db#2"
+check "run 1 listed" grep -q 'href="h1.html"' "$work/runs.html"
+check "run 2 listed" grep -q 'href="h2.html"' "$work/runs.html"
+check "each entry is its own run" python3 -c "import sys; t=open(sys.argv[1]).read(); sys.exit(0 if '(run 1)' in t and '(run 2)' in t else 1)" "$work/runs.html"
+check_code 2 "index: run 0" "$FUSEKIT" index "x.html=$work/a.db#0"
+check_code 1 "index: no such run" "$FUSEKIT" index "x.html=$work/a.db#9"
 check_code 1 "summary of a range that does not exist" "$FUSEKIT" summary --db "$work/a.db" --range nope
 check "it names the range and those that exist" grep -q "no NVTX range named 'nope' (its ranges: 'step'" "$work/last.out"
 # Two runs of timed cases with none in common: an error, not a diff of every kernel.
