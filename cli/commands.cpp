@@ -400,6 +400,7 @@ int index(const IndexOptions& o) {
     const size_t hash = db.rfind('#');
     if (hash != std::string::npos && hash + 1 < db.size() &&
         db.find_first_not_of("0123456789", hash + 1) == std::string::npos) {
+      if (db.size() - hash - 1 > 18) throw std::invalid_argument("'" + entry + "': no run has so large an id");
       run = std::stoll(db.substr(hash + 1));
       db.resize(hash);
       if (run <= 0) throw std::invalid_argument("'" + entry + "': run ids start at 1");

@@ -51,6 +51,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$dtype" in fp32 | fp16 | bf16) ;; *) usage "--dtype must be fp32, fp16 or bf16, not '$dtype'" ;; esac
+if [ -n "$measure_with" ]; then  # relative to where the script was called from
+  [[ "$measure_with" == /* ]] || measure_with="$OLDPWD/$measure_with"
+  [ -f "$measure_with" ] && [ -x "$measure_with" ] || usage "--candidate-fusekit '$measure_with' is not an executable"
+  [ -z "$history" ] || usage "--candidate-fusekit measures another build: its runs do not belong in --history"
+fi
 [[ "$history_runs" =~ ^[1-9][0-9]*$ ]] || usage "--history-runs must be a positive count, not '$history_runs'"
 mkdir -p "$out"
 
@@ -60,7 +65,8 @@ fi
 FUSEKIT="${BUILD_DIR:-$ROOT/build}/fusekit"
 [ -x "$FUSEKIT" ] || { echo "ci-gate: $FUSEKIT is missing (build it first, or run without --dry-run)" >&2; exit 1; }
 MEASURE="${measure_with:-$FUSEKIT}"  # the fusekit whose kernels are measured
-[ -x "$MEASURE" ] || usage "--candidate-fusekit '$measure_with' is not an executable"
+label="ci-gate $(git rev-parse --short HEAD 2>/dev/null)"
+[ -z "$measure_with" ] || label="ci-gate, the kernels of another build (--candidate-fusekit)"
 if [ -n "$only" ]; then
   listed="$(for s in ${suites//,/ }; do "$FUSEKIT" cases --suite "$s" --dtype "$dtype"; done 2>/dev/null |
     python3 -c 'import re, sys; print(",".join(sorted(set(re.findall(r"\"op\": \"([a-z0-9_]+)\"", sys.stdin.read())))))')"
@@ -153,7 +159,7 @@ print(db.execute("SELECT COUNT(*) FROM runs WHERE gpuName = ? AND status = ?", (
   peers=()
   [ "$suite" = models ] && python3 -c 'import torch' 2>/dev/null && peers=(--peers scripts/peers/ops.py)
   if ! "$MEASURE" bench --suite "$suite" --dtype "$dtype" "${ops[@]}" "${peers[@]}" --db "$candidate_db" \
-    --label "ci-gate $(git rev-parse --short HEAD)" >"$out/bench-$suite.log" 2>&1; then
+    --label "$label" >"$out/bench-$suite.log" 2>&1; then
     tail -20 "$out/bench-$suite.log"
     echo "ci-gate: $suite: the benchmark failed" >&2
     failed=1
@@ -170,7 +176,7 @@ print(db.execute("SELECT COUNT(*) FROM runs WHERE gpuName = ? AND status = ?", (
     confirm_db="$out/$suite-confirm.db"
     rm -f "$confirm_db" "$confirm_db-wal" "$confirm_db-shm"
     if "$MEASURE" bench --suite "$suite" --dtype "$dtype" --ops "$again" "${peers[@]}" --db "$confirm_db" \
-      --label "ci-gate confirm $(git rev-parse --short HEAD)" >"$out/bench-$suite-confirm.log" 2>&1; then
+      --label "$label (confirming)" >"$out/bench-$suite-confirm.log" 2>&1; then
       "$FUSEKIT" gate "${baseline[@]}" --candidate "$confirm_db" --markdown "$out/gate-$suite-confirm.md"
       rc=$?
       case $rc in

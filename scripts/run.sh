@@ -29,7 +29,8 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
     # Every run of the store: the latest as <gpu>-<suite>.html, an earlier one (a store may hold a
     # second run, e.g. the same suite in another dtype) as <gpu>-<suite>-run<id>.html.
     runs="$(python3 -c 'import sqlite3, sys
-print(" ".join(str(r[0]) for r in sqlite3.connect(sys.argv[1]).execute("SELECT id FROM runs ORDER BY id")))' "$db" 2>/dev/null)"
+print(" ".join(str(r[0]) for r in sqlite3.connect(sys.argv[1]).execute("SELECT id FROM runs ORDER BY id")))' "$db" 2>/dev/null)" ||
+      runs=""
     [ -n "$runs" ] || runs="latest"
     latest="${runs##* }"
     pages=()

@@ -357,11 +357,14 @@ void run_peers(store::Store& store, int64_t run, const std::string& db, const Pe
   const size_t recorded = files.record_results(store, run, code != 0);  // kept if the script failed later
   std::fprintf(stderr, "fusekit: recorded %zu peer results\n", recorded);
   throw_if_interrupted();  // the signal went on to the script; what it had measured is recorded
-  if (code == 0) {
+  // Traced too where some cases failed (the script runs the others and exits 1 at the end): the
+  // peers that were timed get their kernels; the run still ends failed.
+  if (code == 0 || recorded > 0) {
     std::fprintf(stderr, "fusekit: tracing the peers: python3 %s --traced-only\n", o.script.c_str());
     peer_args.push_back("--traced-only");
-    code = run_recorded_command(db, run, peer_args, 1000, true);
+    const int traced = run_recorded_command(db, run, peer_args, 1000, true);
     throw_if_interrupted();
+    if (code == 0) code = traced;
   }
   if (code != 0) throw std::runtime_error("the peers script failed with exit code " + std::to_string(code));
 }

@@ -18,6 +18,7 @@ The operators are the modules of scripts/peers/ops/ (one per operator, as in sui
 whose operator has no module is skipped with a note.
 """
 import argparse
+import gc
 import importlib
 import math
 import os
@@ -60,20 +61,24 @@ def time_case(step, sets: int, warmup: int, warmup_ms: float, reps: int, sample_
             break
     sample_batch = 1 if sample_us <= 0 else max(1, min(MAX_SAMPLE_BATCH, math.ceil(sample_us * 1e-3 / per_rep)))
     torch.cuda.nvtx.range_push(label)
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    r = 0
-    for start, end in events:
-        start.record()
-        for _ in range(sample_batch):
-            if rep_ranges:
-                torch.cuda.nvtx.range_push("rep")
-            step(r % sets)
-            if rep_ranges:
-                torch.cuda.nvtx.range_pop()
-            r += 1
-        end.record()
-    torch.cuda.synchronize()
-    torch.cuda.nvtx.range_pop()
+    try:  # the ranges stay balanced if a step raises: the next case's ranges must not nest in this one's
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        r = 0
+        for start, end in events:
+            start.record()
+            for _ in range(sample_batch):
+                if rep_ranges:
+                    torch.cuda.nvtx.range_push("rep")
+                try:
+                    step(r % sets)
+                finally:
+                    if rep_ranges:
+                        torch.cuda.nvtx.range_pop()
+                r += 1
+            end.record()
+        torch.cuda.synchronize()
+    finally:
+        torch.cuda.nvtx.range_pop()
     return [start.elapsed_time(end) * 1e6 / sample_batch for start, end in events]  # ns a repetition
 
 
@@ -85,6 +90,35 @@ def peer_module(op: str):
         if e.name == f"ops.{op}":
             return None
         raise
+
+
+def run_case(module, listed_case, i, count, args, bus_id, results):
+    """Every variant of one case: timed (with --results) or run for the tracer (--traced-only). The
+    case's release runs however it ends, so that a failed variant's model is not kept."""
+    case = module.make_case(listed_case)
+    try:
+        for variant in args.variants.split(",") + list(case.extra_variants):
+            if not variant.endswith("compile"):
+                fn = case.function
+            else:
+                torch._dynamo.reset()  # only this case's graphs in the cache, so only their guards run
+                fn = torch.compile(case.function, dynamic=False)
+            step = case.make_step(fn, variant) if case.extra_variants else case.make_step(fn)
+            label = f"{case.name} [peer:{variant}]"
+            print(f"[{i + 1}/{count}] {label}", file=sys.stderr, flush=True)
+            start = gpu_conditions(bus_id, "start") if results is not None else {}
+            with torch.enable_grad() if case.backward else torch.no_grad():
+                samples = time_case(step, case.sets, args.warmup, args.warmup_ms, args.reps, args.sample_us,
+                                    label, rep_ranges=args.traced_only)
+            metrics = dict(case.metrics()) if case.metrics else {}
+            if results is not None:  # the conditions around the timed samples, as the runner's
+                metrics.update(start)
+                metrics.update(gpu_conditions(bus_id, "end"))
+                results.write(result_line(case.name, f"peer:{variant}", samples, metrics))
+                results.flush()
+    finally:
+        if case.release:
+            case.release()
 
 
 def main() -> int:
@@ -146,6 +180,8 @@ def main() -> int:
                 failed.append(listed_case.name)
                 print(f"ops.py: {listed_case.name} failed:", file=sys.stderr)
                 traceback.print_exc(file=sys.stderr)
+                torch._dynamo.reset()  # a compiled function may still hold the failed variant's model
+                gc.collect()
             torch.cuda.empty_cache()
     finally:
         if results is not None:

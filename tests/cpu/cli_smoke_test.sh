@@ -116,6 +116,7 @@ check "run 2 listed" grep -q 'href="h2.html"' "$work/runs.html"
 check "each entry is its own run" python3 -c "import sys; t=open(sys.argv[1]).read(); sys.exit(0 if '(run 1)' in t and '(run 2)' in t else 1)" "$work/runs.html"
 check_code 2 "index: run 0" "$FUSEKIT" index "x.html=$work/a.db#0"
 check_code 1 "index: no such run" "$FUSEKIT" index "x.html=$work/a.db#9"
+check_code 2 "index: a run id past any run" "$FUSEKIT" index "x.html=$work/a.db#99999999999999999999"
 check_code 1 "summary of a range that does not exist" "$FUSEKIT" summary --db "$work/a.db" --range nope
 check "it names the range and those that exist" grep -q "no NVTX range named 'nope' (its ranges: 'step'" "$work/last.out"
 # Two runs of timed cases with none in common: an error, not a diff of every kernel.

@@ -4,11 +4,13 @@ what fusekit's parser takes, and the peer scripts hold no store writer, shape li
 
 usage: peers_script_test.py FUSEKIT SCRIPTS_PEERS_DIR
 """
+import builtins
 import json
 import os
 import py_compile
 import re
 import subprocess
+import symtable
 import sys
 import tempfile
 
@@ -84,6 +86,37 @@ for script in scripts:
     text = open(script, encoding="utf-8").read()
     for pattern in (r"\bsqlite3\b", r"\bSHAPES\b", r"\bOPERATORS\b", r"\bbytes_moved\b", r"INSERT INTO"):
         check(re.search(pattern, text) is None, f"{os.path.basename(script)}: holds {pattern}")
+
+
+
+# Every global name a function of a script reads is defined in its module (a def, an import, an
+# assignment) or is a builtin: without torch the scripts cannot run here, and a call of a function
+# that does not exist would fail every case on the GPU machine.
+def module_names(table):
+    names = set()
+    for symbol in table.get_symbols():
+        if symbol.is_assigned() or symbol.is_imported() or symbol.is_namespace():
+            names.add(symbol.get_name())
+    return names
+
+
+def undefined_globals(table, defined):
+    missing = set()
+    for symbol in table.get_symbols():
+        if symbol.is_global() and symbol.is_referenced() and symbol.get_name() not in defined:
+            missing.add(symbol.get_name())
+    for child in table.get_children():
+        missing |= undefined_globals(child, defined)
+    return missing
+
+
+for script in scripts:
+    top = symtable.symtable(open(script, encoding="utf-8").read(), script, "exec")
+    defined = module_names(top) | set(dir(builtins)) | {"__file__", "__name__", "__doc__", "__spec__", "__package__"}
+    missing = set()
+    for child in top.get_children():
+        missing |= undefined_globals(child, defined)
+    check(not missing, f"{os.path.basename(script)}: undefined names {sorted(missing)}")
 
 for failure in failures:
     print("FAIL:", failure)

@@ -107,6 +107,12 @@ class CiGateDryRunTest(unittest.TestCase):
         missing = self.run_gate("--candidate-fusekit", "/no/such/fusekit")
         self.assertEqual(missing.returncode, 2)
         self.assertIn("is not an executable", missing.stderr)
+        folder = self.run_gate("--candidate-fusekit", "/tmp")
+        self.assertEqual(folder.returncode, 2)
+        fusekit = os.environ.get("FUSEKIT_BINARY", os.path.join(ROOT, "build", "fusekit"))
+        mixed = self.run_gate("--candidate-fusekit", fusekit, "--history", "h.db")
+        self.assertEqual(mixed.returncode, 2)
+        self.assertIn("do not belong in --history", mixed.stderr)
 
 
 if __name__ == "__main__":
