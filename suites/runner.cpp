@@ -1,6 +1,7 @@
 #include "suites/runner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
@@ -82,6 +83,12 @@ int sample_batch(double sample_us, double per_rep_ms) {
 }
 
 uint64_t run_cases(store::Store& store, int64_t run, const std::vector<Case>& cases, const RunnerOptions& options) {
+  // Each progress line says when its case began, in seconds since the first: where a long run's
+  // time goes (set-up, warm-up and timing of each case).
+  const auto began = std::chrono::steady_clock::now();
+  const auto seconds = [&began] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  };
   profiler::CuptiTracer& tracer = profiler::CuptiTracer::instance();
   cudaStream_t stream = nullptr;
   FUSEKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -95,7 +102,8 @@ uint64_t run_cases(store::Store& store, int64_t run, const std::vector<Case>& ca
   for (size_t i = 0; i < cases.size(); ++i) {
     throw_if_interrupted();  // what the cases before recorded stays
     const Case& c = cases[i];
-    std::fprintf(stderr, "[%zu/%zu] %s [%s]\n", i + 1, cases.size(), c.info.name.c_str(), c.info.variant.c_str());
+    std::fprintf(stderr, "[%zu/%zu] %.1f s: %s [%s]\n", i + 1, cases.size(), seconds(), c.info.name.c_str(),
+                 c.info.variant.c_str());
     OnExit release([&c] {
       if (c.release) c.release();
     });
@@ -139,7 +147,7 @@ uint64_t run_cases(store::Store& store, int64_t run, const std::vector<Case>& ca
   for (size_t i = 0; i < cases.size(); ++i) {
     throw_if_interrupted();
     const Case& c = cases[i];
-    std::fprintf(stderr, "[%zu/%zu] traced: %s [%s]\n", i + 1, cases.size(), c.info.name.c_str(),
+    std::fprintf(stderr, "[%zu/%zu] %.1f s: traced: %s [%s]\n", i + 1, cases.size(), seconds(), c.info.name.c_str(),
                  c.info.variant.c_str());
     OnExit release([&c] {
       if (c.release) c.release();

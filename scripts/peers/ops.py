@@ -23,6 +23,7 @@ import importlib
 import math
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -33,6 +34,9 @@ from ops.cases import gpu_conditions, read_cases, result_line  # noqa: E402 (aft
 
 
 MAX_SAMPLE_BATCH = 1000  # suites/runner.h kMaxSampleBatch
+
+
+BEGAN = time.monotonic()  # the progress lines say when each case began, in seconds since the start
 
 
 def time_case(step, sets: int, warmup: int, warmup_ms: float, reps: int, sample_us: float, label: str,
@@ -105,7 +109,7 @@ def run_case(module, listed_case, i, count, args, bus_id, results):
                 fn = torch.compile(case.function, dynamic=False)
             step = case.make_step(fn, variant) if case.extra_variants else case.make_step(fn)
             label = f"{case.name} [peer:{variant}]"
-            print(f"[{i + 1}/{count}] {label}", file=sys.stderr, flush=True)
+            print(f"[{i + 1}/{count}] {time.monotonic() - BEGAN:.1f} s: {label}", file=sys.stderr, flush=True)
             start = gpu_conditions(bus_id, "start") if results is not None else {}
             with torch.enable_grad() if case.backward else torch.no_grad():
                 samples = time_case(step, case.sets, args.warmup, args.warmup_ms, args.reps, args.sample_us,
