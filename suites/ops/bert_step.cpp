@@ -26,6 +26,7 @@
 #include "models/bert_fused.h"
 #include "models/bert_init.h"
 #include "models/memory_plan.h"
+#include "suites/ops/operands.h"
 #include "suites/ops/ops_suite.h"
 
 #ifdef FUSEKIT_WITH_TORCH
@@ -64,22 +65,14 @@ std::vector<store::CaseMetric> peak_memory(const StepOperands& o) {
   return {{"peak_memory_bytes", device_bytes_in_use() - o.bytes_before}};
 }
 
-// The cases' initial weights, one model's at a time: the cases of a preset follow one another (its
-// variants, both sequence lengths; in the timed pass, then again in the traced one), and drawing
-// BERT-large's 335M values took seconds of every case's set-up. Set-up runs on the runner's thread.
+// The cases' initial weights, one model's at a time (suites/ops/operands.h's kept_for).
 std::shared_ptr<const models::BertInitialWeights> initial_weights(const models::BertConfig& config) {
-  static std::string key;
-  static std::shared_ptr<const models::BertInitialWeights> weights;
-  const std::string wanted = std::to_string(config.layers) + "x" + std::to_string(config.hidden) + "x" +
-                             std::to_string(config.heads) + "x" + std::to_string(config.intermediate) + "x" +
-                             std::to_string(config.vocab) + "x" + std::to_string(config.max_positions) + "x" +
-                             std::to_string(config.token_types) + ":" + models::dtype_spec_name(config.dtype);
-  if (weights == nullptr || key != wanted) {
-    weights.reset();  // the old ones go before the new ones are drawn
-    weights = std::make_shared<const models::BertInitialWeights>(config, 1, config.dtype);
-    key = wanted;
-  }
-  return weights;
+  const std::string key = std::to_string(config.layers) + "x" + std::to_string(config.hidden) + "x" +
+                          std::to_string(config.heads) + "x" + std::to_string(config.intermediate) + "x" +
+                          std::to_string(config.vocab) + "x" + std::to_string(config.max_positions) + "x" +
+                          std::to_string(config.token_types) + ":" + models::dtype_spec_name(config.dtype);
+  return kept_for<models::BertInitialWeights>(
+      key, [&] { return std::make_shared<const models::BertInitialWeights>(config, 1, config.dtype); });
 }
 
 std::vector<Case> bert_step_cases(const std::string& shape, kernels::DType dtype) {

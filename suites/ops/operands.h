@@ -6,12 +6,30 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kernels/dtype.h"
 
 namespace fusekit::suites {
+
+// The inputs a model's cases share (initial weights, batches), kept for `key` until another key is
+// asked for: a model's cases follow one another (its variants; in the timed pass, then again in the
+// traced one), and drawing them took seconds of each case's set-up. One kept value per call site
+// (the statics belong to the instantiation, and each call site's `make` is a lambda of its own
+// type); set-up runs on the runner's thread.
+template <class T, class Make>
+std::shared_ptr<const T> kept_for(const std::string& key, Make make) {
+  static std::string kept_key;
+  static std::shared_ptr<const T> kept;
+  if (kept == nullptr || kept_key != key) {
+    kept.reset();  // the old inputs go before the new ones are made
+    kept = make();
+    kept_key = key;
+  }
+  return kept;
+}
 
 class DeviceBuffer {
  public:

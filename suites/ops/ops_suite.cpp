@@ -127,19 +127,15 @@ void for_each_selected_case(const OpsRequest& request, Visit visit) {
   bool any = false;
   for (const OpDefinition& op : ops()) {
     if (op.suite != request.suite) continue;
-    std::vector<kernels::DType> op_dtypes = request.only.empty() ? dtypes : std::vector<kernels::DType>{};
-    for (const auto& [name, dtype] : selected) {
-      if (name != op.name) continue;
-      for (kernels::DType d : dtype ? std::vector<kernels::DType>{*dtype} : dtypes) {
-        if (std::find(op_dtypes.begin(), op_dtypes.end(), d) == op_dtypes.end()) op_dtypes.push_back(d);
-      }
+    // The operator's dtypes, fp16 before bf16 before fp32 whatever the order of the entries.
+    std::vector<kernels::DType> op_dtypes;
+    for (kernels::DType d : {kernels::DType::f16, kernels::DType::bf16, kernels::DType::f32}) {
+      const bool in_suite = std::find(dtypes.begin(), dtypes.end(), d) != dtypes.end();
+      bool wanted = request.only.empty() && in_suite;
+      for (const auto& [name, dtype] : selected)
+        wanted = wanted || (name == op.name && (dtype ? *dtype == d : in_suite));
+      if (wanted) op_dtypes.push_back(d);
     }
-    std::sort(op_dtypes.begin(), op_dtypes.end(), [&](kernels::DType a, kernels::DType b) {
-      const auto rank = [](kernels::DType d) {
-        return d == kernels::DType::f16 ? 0 : d == kernels::DType::bf16 ? 1 : 2;
-      };
-      return rank(a) < rank(b);
-    });
     for (kernels::DType dtype : op_dtypes) {
       for (bool backward : {false, true}) {
         if (backward && !op.has_backward) continue;

@@ -26,6 +26,7 @@
 #include "models/swin_config.h"
 #include "models/swin_fused.h"
 #include "models/swin_init.h"
+#include "suites/ops/operands.h"
 #include "suites/ops/ops_suite.h"
 
 #ifdef FUSEKIT_WITH_TORCH
@@ -85,9 +86,7 @@ std::vector<models::SwinBatch> random_batches(const models::SwinConfig& c) {
   return batches;
 }
 
-// A case's initial weights and batches, one config's at a time (as bert_step's weights): its
-// variants follow one another in the timed pass and again in the traced one, and drawing Swin-B's
-// weights and 77M pixel values took seconds of each case's set-up. Set-up runs on one thread.
+// A case's initial weights and batches, one config's at a time (suites/ops/operands.h's kept_for).
 struct SwinInputs {
   models::SwinInitialWeights weights;
   std::vector<models::SwinBatch> batches;
@@ -95,14 +94,7 @@ struct SwinInputs {
 };
 
 std::shared_ptr<const SwinInputs> swin_inputs(const std::string& spec, const models::SwinConfig& config) {
-  static std::string key;
-  static std::shared_ptr<const SwinInputs> inputs;
-  if (inputs == nullptr || key != spec) {
-    inputs.reset();  // the old ones go before the new ones are drawn
-    inputs = std::make_shared<const SwinInputs>(config);
-    key = spec;
-  }
-  return inputs;
+  return kept_for<SwinInputs>(spec, [&] { return std::make_shared<const SwinInputs>(config); });
 }
 
 std::vector<Case> swin_step_cases(const std::string& shape, kernels::DType dtype) {

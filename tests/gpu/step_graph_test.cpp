@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -78,6 +79,18 @@ void expect_same_losses(Model& enqueued, Model& graphed, int steps, double toler
   }
 }
 
+// A FusedBert whose weights never move (lr 0, no weight decay): a step's loss depends on its batch
+// and its dropout masks alone.
+std::unique_ptr<FusedBert> still_bert(const BertConfig& config, uint64_t seed) {
+  const BertInitialWeights weights(config, seed, config.dtype, 0.02f);
+  BertTrainOptions options;
+  options.lr = 0;
+  options.weight_decay = 0;
+  auto model = std::make_unique<FusedBert>(config, options);
+  model->load_state_dict(weights.tensors());
+  return model;
+}
+
 class StepGraphTest : public ::testing::TestWithParam<DType> {};
 
 TEST_P(StepGraphTest, BertGraphsTrainAsEnqueuedSteps) {
@@ -108,13 +121,9 @@ TEST_P(StepGraphTest, BertGraphsTrainAsEnqueuedSteps) {
 TEST_P(StepGraphTest, EachBertReplayDrawsFreshDropoutMasks) {
   FUSEKIT_REQUIRE_GPU();
   const BertConfig config = bert_config(GetParam());
-  const BertInitialWeights weights(config, 5, config.dtype, 0.02f);
-  BertTrainOptions options;
-  options.lr = 0;
-  options.weight_decay = 0;
-  const test_support::NonBlockingStream stream;
-  FusedBert model(config, options);
-  model.load_state_dict(weights.tensors());
+  const test_support::NonBlockingStream stream;  // before the model: it outlives its last steps
+  const std::unique_ptr<FusedBert> still = still_bert(config, 5);
+  FusedBert& model = *still;
   model.prepare_batches({bert_batches(config)[0]});
   model.capture_step_graphs();
   std::vector<float> losses;
@@ -134,13 +143,9 @@ TEST_P(StepGraphTest, EachBertReplayDrawsFreshDropoutMasks) {
 TEST_P(StepGraphTest, BertReplaysDrawTheEnqueuedStepsMasks) {
   FUSEKIT_REQUIRE_GPU();
   const BertConfig config = bert_config(GetParam());
-  const BertInitialWeights weights(config, 9, config.dtype, 0.02f);
-  BertTrainOptions options;
-  options.lr = 0;
-  options.weight_decay = 0;
-  const test_support::NonBlockingStream stream;
-  FusedBert model(config, options);
-  model.load_state_dict(weights.tensors());
+  const test_support::NonBlockingStream stream;  // before the model: it outlives its last steps
+  const std::unique_ptr<FusedBert> still = still_bert(config, 9);
+  FusedBert& model = *still;
   model.prepare_batches(bert_batches(config));
   std::vector<float> enqueued;
   for (int i = 0; i < 5; ++i) {
