@@ -429,6 +429,7 @@ int gate(const GateOptions& o) {
   if (!(o.alpha > 0 && o.alpha < 1)) throw std::invalid_argument("--alpha must be between 0 and 1");
   options.alpha = o.alpha;
   options.min_samples = static_cast<size_t>(o.min_samples);
+  options.gate_every_variant = o.every_variant;
   const int ways = (o.baseline.run > 0) + (o.baseline_runs > 0) + !o.baseline_commit.empty();
   if (ways > 1) {
     throw std::invalid_argument(
@@ -506,21 +507,27 @@ int gate(const GateOptions& o) {
     std::set<std::string> ops;
     for (const reports::GateRow& row : result.rows) {
       const auto it = op_of.find({row.name, row.variant});
-      if (row.verdict == reports::Verdict::regressed && it != op_of.end() && !it->second.empty())
-        ops.insert(it->second);
+      if (row.fails() && it != op_of.end() && !it->second.empty()) ops.insert(it->second);
     }
     std::string text;
     for (const std::string& op : ops) text += op + "\n";
     write_output(o.regressed_ops_output, text);
   }
   if (result.rows.empty()) throw std::runtime_error("no case is present in both runs; nothing to gate");
+  const auto gated =
+      std::count_if(result.rows.begin(), result.rows.end(), [](const reports::GateRow& row) { return row.gated; });
+  if (gated == 0) {
+    throw std::runtime_error(
+        "no fused variant is present in both runs; nothing to gate (--every-variant gates "
+        "the libtorch baseline, peers and references too)");
+  }
   if (result.any_regression()) return 1;
   // A case with too few samples was not tested: without --allow-too-few-samples that is no pass.
   const auto untested = std::count_if(result.rows.begin(), result.rows.end(), [](const reports::GateRow& row) {
-    return row.verdict == reports::Verdict::too_few_samples;
+    return row.gated && row.verdict == reports::Verdict::too_few_samples;
   });
   if (untested > 0 && !o.allow_too_few_samples) {
-    throw std::runtime_error(std::to_string(untested) + " of " + std::to_string(result.rows.size()) +
+    throw std::runtime_error(std::to_string(untested) + " of " + std::to_string(gated) + " gated" +
                              " cases have fewer than " + std::to_string(options.min_samples) +
                              " samples on a side and were not tested: not a pass (--allow-too-few-samples accepts it)");
   }

@@ -111,6 +111,7 @@ struct GateOptions {
   std::string markdown_output;
   std::string regressed_ops_output;    // the operators of the regressed cases, one per line (a re-run's --ops)
   bool allow_too_few_samples = false;  // a case with too few samples to test does not fail the gate
+  bool every_variant = false;          // gate the libtorch baseline, peers and references too
   bool kernels = false;                // also test each case's kernels per traced repetition
   bool ranges = false;                 // also test each case's NVTX ranges per traced repetition
   int range_depth = 2;                 // how many range names below "rep" tell ranges apart

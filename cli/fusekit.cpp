@@ -188,6 +188,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   gate_cmd->add_flag("--allow-too-few-samples", gate_options.allow_too_few_samples,
                      "Pass even if some cases have too few samples to test (by default that fails)");
+  gate_cmd->add_flag("--every-variant", gate_options.every_variant,
+                     "Let every variant fail the gate (by default only fusekit's fused variants do; the libtorch "
+                     "baseline, peers and references are shown as not gated)");
   gate_cmd->add_flag("--kernels", gate_options.kernels,
                      "Also test each case's kernels, one sample per traced repetition (shown, never failing)");
   gate_cmd->add_flag("--ranges", gate_options.ranges,

@@ -241,8 +241,10 @@ void check_gpu_conditions(GateResult& result, const std::vector<CaseResult>& bas
 }
 
 bool GateResult::any_regression() const {
-  return std::any_of(rows.begin(), rows.end(), [](const GateRow& r) { return r.verdict == Verdict::regressed; });
+  return std::any_of(rows.begin(), rows.end(), [](const GateRow& r) { return r.fails(); });
 }
+
+bool is_fusekit_variant(const std::string& variant) { return variant == "fused" || variant.rfind("fused:", 0) == 0; }
 
 SampleTest test_samples(const std::vector<double>& baseline, const std::vector<double>& candidate,
                         const GateOptions& options) {
@@ -272,12 +274,18 @@ GateResult run_gate(const std::vector<CaseResult>& baseline, const std::vector<C
   const auto baseline_index = index_cases(baseline, "baseline");
   const auto candidate_index = index_cases(candidate, "candidate");
 
+  std::set<std::string> candidate_ops;
+  for (const CaseResult& cand : candidate) candidate_ops.insert(cand.info.op);
   GateResult result;
   for (const CaseResult& base : baseline) {
     const CaseKey key{base.info.name, base.info.variant};
     auto found = candidate_index.find(key);
     if (found == candidate_index.end()) {
-      result.only_in_baseline.push_back(describe(key));
+      if (!base.info.op.empty() && !candidate_ops.count(base.info.op)) {
+        ++result.unmeasured_operators[base.info.op];
+      } else {
+        result.only_in_baseline.push_back(describe(key));
+      }
       continue;
     }
     const CaseResult& cand = *found->second;
@@ -292,6 +300,7 @@ GateResult run_gate(const std::vector<CaseResult>& baseline, const std::vector<C
     row.change = test.change;
     row.p_value = test.p_value;
     row.verdict = test.verdict;
+    row.gated = options.gate_every_variant || is_fusekit_variant(row.variant);
     result.rows.push_back(std::move(row));
   }
   for (const CaseResult& cand : candidate) {

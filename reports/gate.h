@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -30,7 +31,15 @@ struct GateOptions {
   double threshold = 0.05;  // minimum relative slowdown of the medians
   double alpha = 0.01;
   size_t min_samples = 5;
+  // Which variants can fail the gate. By default fusekit's own ("fused" and "fused:*"): the libtorch
+  // baseline, the peers and the reference variants time code a change to fusekit does not touch
+  // (libtorch's embedding backward, say, moves by 20% between two runs of one hour), so their verdicts
+  // are shown as references, beside the gated ones, and fail nothing. True: every variant is gated.
+  bool gate_every_variant = false;
 };
+
+// Whether a variant is fusekit's own: "fused" or "fused:<anything>".
+bool is_fusekit_variant(const std::string& variant);
 
 enum class Verdict { regressed, improved, unchanged, too_few_samples };
 
@@ -42,6 +51,8 @@ struct GateRow {
   double change = 0;   // candidate / baseline - 1
   double p_value = 1;  // NaN for too_few_samples
   Verdict verdict = Verdict::unchanged;
+  bool gated = true;  // false: a reference variant (GateOptions::gate_every_variant), its verdict fails nothing
+  bool fails() const { return gated && verdict == Verdict::regressed; }
 };
 
 // One kernel of a case, tested on its per-repetition times (reports/case_kernels.h): one sample per traced
@@ -72,15 +83,18 @@ struct GateResult {
   // temperature, other processes on the GPU), and one per case timed while its GPU throttled.
   std::vector<std::string> condition_warnings;
   std::vector<std::string> throttled_cases;   // "<name> [<variant>]: candidate (sw power cap)"
-  std::vector<std::string> only_in_baseline;  // "name [variant]"
+  std::vector<std::string> only_in_baseline;  // "name [variant]", of the operators the candidate timed
   std::vector<std::string> only_in_candidate;
+  // The baseline's cases of operators the candidate did not time at all (a run of some operators,
+  // `bench --ops`): counted per operator rather than listed one by one.
+  std::map<std::string, size_t> unmeasured_operators;  // operator -> cases
   // Per row (same order) when the kernels were gated (gate_kernels); empty otherwise.
   std::vector<CaseKernelGate> kernels;
   bool kernel_rows_requested = false;  // the writers show every kernel row, not only the regressed cases' top 3
   // Per row when the NVTX ranges were gated (gate_kernels over case_repetition_ranges): the same
   // test on each range's GPU time per traced repetition ("kernel" holds the range's path).
   std::vector<CaseKernelGate> ranges;
-  bool any_regression() const;
+  bool any_regression() const;  // of a gated row
 };
 
 // ---- Baselines beyond one run

@@ -363,7 +363,8 @@ std::vector<std::vector<std::string>> gate_table_rows(const GateResult& result, 
       {"Baseline (us)", "Candidate (us)", "Change (%)", "p-value", "Samples", "Verdict", "Variant", "Case"}};
   for (const GateRow& r : result.rows) {
     std::string verdict = verdict_name(r.verdict);
-    if (markdown && r.verdict == Verdict::regressed) verdict = "**" + verdict + "**";
+    if (markdown && r.fails()) verdict = "**" + verdict + "**";
+    if (!r.gated) verdict += " (not gated)";
     rows.push_back({format_microseconds(r.baseline_median_ns), format_microseconds(r.candidate_median_ns),
                     format_change(r.change), format_p_value(r.p_value),
                     std::to_string(r.baseline_n) + "/" + std::to_string(r.candidate_n), verdict,
@@ -401,13 +402,30 @@ std::string gate_kernel_note(const CaseKernelGate& gate) {
 }
 
 std::string gate_verdict_counts(const GateResult& result) {
-  std::map<Verdict, size_t> count;
-  for (const GateRow& r : result.rows) ++count[r.verdict];
-  std::string out;
-  for (Verdict v : {Verdict::regressed, Verdict::improved, Verdict::unchanged, Verdict::too_few_samples}) {
-    out += (out.empty() ? "" : ", ") + std::to_string(count[v]) + " " + verdict_name(v);
+  std::map<Verdict, size_t> gated, reference;
+  for (const GateRow& r : result.rows) ++(r.gated ? gated : reference)[r.verdict];
+  const auto counts = [](std::map<Verdict, size_t>& count) {
+    std::string out;
+    for (Verdict v : {Verdict::regressed, Verdict::improved, Verdict::unchanged, Verdict::too_few_samples}) {
+      out += (out.empty() ? "" : ", ") + std::to_string(count[v]) + " " + verdict_name(v);
+    }
+    return out;
+  };
+  std::string out = counts(gated);
+  if (!reference.empty())
+    out += "; not gated (libtorch, peers and references: shown, fail nothing): " + counts(reference);
+  out += "\n";
+  if (!result.unmeasured_operators.empty()) {
+    size_t cases = 0;
+    std::string names;
+    for (const auto& [op, n] : result.unmeasured_operators) {
+      cases += n;
+      names += (names.empty() ? "" : ", ") + op;
+    }
+    out += "not timed by the candidate: " + std::to_string(cases) + " case(s) of the baseline's other " +
+           std::to_string(result.unmeasured_operators.size()) + " operator(s) (" + names + ")\n";
   }
-  return out + "\n";
+  return out;
 }
 
 std::string gate_table_markdown(const GateResult& result) {
@@ -425,7 +443,7 @@ std::string gate_table_markdown(const GateResult& result) {
   list("Timed while the GPU throttled", result.throttled_cases);
   // The regressed cases' kernels that moved most, then (on request) every case's kernels.
   for (size_t i = 0; i < result.kernels.size() && i < result.rows.size(); ++i) {
-    if (result.rows[i].verdict != Verdict::regressed) continue;
+    if (!result.rows[i].fails()) continue;
     const CaseKernelGate& gate = result.kernels[i];
     out += "\n**Kernels that moved most in " + markdown_code(gate.name + " [" + gate.variant + "]") +
            "** (time per traced repetition):\n\n";

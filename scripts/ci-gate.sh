@@ -5,7 +5,7 @@
 # exits 1 on a regression.
 #   bash scripts/ci-gate.sh [--base REF] [--ops LIST] [--suites ops,attention,models] [--dtype fp16]
 #                           [--history DB [--history-runs N]] [--candidate-fusekit BIN] [--out DIR]
-#                           [--no-confirm] [--dry-run]
+#                           [--every-variant] [--no-confirm] [--dry-run]
 #   --base REF       measure only the operators touched between REF and HEAD (scripts/touched_ops.py);
 #                    without it, every case of the suites
 #   --ops LIST       measure only these operators (comma-separated; with --base, those of them touched)
@@ -20,6 +20,9 @@
 #                    this GPU in DB instead of the evidence; the candidate run is recorded into DB
 #                    (give it on the main branch's jobs, whose runs should become the history); while
 #                    DB holds no run of this GPU, the evidence is the baseline
+#   --every-variant  let the libtorch baseline, peers and references fail the job too (by default only
+#                    fusekit's fused variants can: the others time code a change here does not touch, and
+#                    are shown as not gated)
 #   --no-confirm     fail on the first measurement's regression; by default the operators of the
 #                    regressed cases are measured once more (a fresh process, same baseline) and only a
 #                    regression the re-run shows too fails the job, so that one slow moment of a
@@ -33,8 +36,9 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 1
 base="" only="" suites="ops,attention" dtype="fp16" history="" history_runs=5 out="out/ci-gate" dry_run=0 confirm=1
+gate_flags=()
 measure_with=""
-usage() { echo "ci-gate: $1 (usage: bash scripts/ci-gate.sh [--base REF] [--ops LIST] [--suites LIST] [--dtype D] [--history DB [--history-runs N]] [--candidate-fusekit BIN] [--out DIR] [--no-confirm] [--dry-run])" >&2; exit 2; }
+usage() { echo "ci-gate: $1 (usage: bash scripts/ci-gate.sh [--base REF] [--ops LIST] [--suites LIST] [--dtype D] [--history DB [--history-runs N]] [--candidate-fusekit BIN] [--out DIR] [--every-variant] [--no-confirm] [--dry-run])" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --base) [ $# -ge 2 ] || usage "--base needs a git ref"; base="$2"; shift 2 ;;
@@ -45,6 +49,7 @@ while [ $# -gt 0 ]; do
     --history) [ $# -ge 2 ] || usage "--history needs a store"; history="$2"; shift 2 ;;
     --history-runs) [ $# -ge 2 ] || usage "--history-runs needs a count"; history_runs="$2"; shift 2 ;;
     --out) [ $# -ge 2 ] || usage "--out needs a folder"; out="$2"; shift 2 ;;
+    --every-variant) gate_flags=(--every-variant); shift ;;
     --no-confirm) confirm=0; shift ;;
     --dry-run) dry_run=1; shift ;;
     *) usage "unknown argument '$1'" ;;
@@ -165,7 +170,7 @@ print(db.execute("SELECT COUNT(*) FROM runs WHERE gpuName = ? AND status = ?", (
     failed=1
     continue
   fi
-  "$FUSEKIT" gate "${baseline[@]}" --candidate "$candidate_db" --markdown "$out/gate-$suite.md" \
+  "$FUSEKIT" gate "${baseline[@]}" "${gate_flags[@]}" --candidate "$candidate_db" --markdown "$out/gate-$suite.md" \
     --regressed-ops "$out/regressed-$suite.txt"
   rc=$?
   { printf '### fusekit gate: %s suite (%s, %s)\n\n' "$suite" "$gpu_name" "$dtype"; cat "$out/gate-$suite.md"; echo; } >>"$out/summary.md"
@@ -177,7 +182,7 @@ print(db.execute("SELECT COUNT(*) FROM runs WHERE gpuName = ? AND status = ?", (
     rm -f "$confirm_db" "$confirm_db-wal" "$confirm_db-shm"
     if "$MEASURE" bench --suite "$suite" --dtype "$dtype" --ops "$again" "${peers[@]}" --db "$confirm_db" \
       --label "$label (confirming)" >"$out/bench-$suite-confirm.log" 2>&1; then
-      "$FUSEKIT" gate "${baseline[@]}" --candidate "$confirm_db" --markdown "$out/gate-$suite-confirm.md"
+      "$FUSEKIT" gate "${baseline[@]}" "${gate_flags[@]}" --candidate "$confirm_db" --markdown "$out/gate-$suite-confirm.md"
       rc=$?
       case $rc in
         0) verdict="not confirmed: the re-run of $again shows no regression, so this suite passes" ;;

@@ -77,11 +77,16 @@ check_code 1 "gate --kernels: 30% regression" "$FUSEKIT" gate --baseline "$work/
 check "gate --kernels says the case marks no repetitions" grep -q "no rep ranges in either run" "$work/last.out"
 check_code 0 "gate --ranges" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/same.db" --ranges --range-depth 1
 check "gate --ranges says the case marks no repetitions" grep -q "NVTX ranges, 0/0 repetitions" "$work/last.out"
+# Only fusekit's variants fail the gate by default: a slower libtorch baseline is shown, not gated.
+"$MAKE_STORE" "$work/slow-baseline.db" 1300 500 4 || exit 1
+check_code 0 "gate: a slower libtorch baseline is not gated" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/slow-baseline.db"
+check "it is shown as not gated" grep -q "regressed (not gated)" "$work/last.out"
+check_code 1 "gate --every-variant gates it" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/slow-baseline.db" --every-variant
 check_code 0 "gate: 30% slower passes a 40% threshold" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/slow.db" --threshold 40%
 check_code 0 "gate: improvement is not a regression" "$FUSEKIT" gate --baseline "$work/slow.db" --candidate "$work/a.db"
 # make_test_store writes 30 samples a case: with 40 required nothing is tested, which is no pass.
 check_code 1 "gate: too few samples is not a pass" "$FUSEKIT" gate --baseline "$work/a.db" --candidate "$work/same.db" --min-samples 40
-check "it says which were not tested" grep -q "2 of 2 cases have fewer than 40 samples on a side and were not tested" "$work/last.out"
+check "it says which were not tested" grep -q "1 of 1 gated cases have fewer than 40 samples on a side and were not tested" "$work/last.out"
 # History baselines: a store of several runs on one GPU (and one on another), and the candidate.
 for seed in 11 12 13; do MAKE_TEST_STORE_GPU="GPU A" MAKE_TEST_STORE_COMMIT="abcdef0$seed" "$MAKE_STORE" "$work/history.db" 1000 500 "$seed" || exit 1; done
 MAKE_TEST_STORE_GPU="GPU B" "$MAKE_STORE" "$work/history.db" 1000 200 14 || exit 1

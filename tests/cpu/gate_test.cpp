@@ -289,6 +289,80 @@ TEST(Gate, OneSidedCasesAreListedNotCompared) {
       << markdown;
 }
 
+// The libtorch baseline and the peers time code that a change to fusekit does not touch: their verdicts
+// are shown but fail nothing, unless every variant is gated.
+TEST(Gate, OnlyFusedVariantsFailByDefault) {
+  std::mt19937 rng(12);
+  const std::vector<CaseResult> baseline = {make_case("emb", "fused", noisy_samples(rng, 1e5, 0.01, 30)),
+                                            make_case("emb", "fused:graph", noisy_samples(rng, 1e5, 0.01, 30)),
+                                            make_case("emb", "baseline", noisy_samples(rng, 9e5, 0.01, 30)),
+                                            make_case("emb", "peer:eager", noisy_samples(rng, 9e5, 0.01, 30))};
+  std::vector<CaseResult> candidate = {make_case("emb", "fused", noisy_samples(rng, 1e5, 0.01, 30)),
+                                       make_case("emb", "fused:graph", noisy_samples(rng, 1e5, 0.01, 30)),
+                                       make_case("emb", "baseline", noisy_samples(rng, 1.2e6, 0.01, 30)),
+                                       make_case("emb", "peer:eager", noisy_samples(rng, 1.2e6, 0.01, 30))};
+  GateResult g = run_gate(baseline, candidate, GateOptions{});
+  ASSERT_EQ(g.rows.size(), 4u);
+  EXPECT_TRUE(g.rows[0].gated);
+  EXPECT_TRUE(g.rows[1].gated);
+  EXPECT_FALSE(g.rows[2].gated);
+  EXPECT_FALSE(g.rows[3].gated);
+  EXPECT_EQ(g.rows[2].verdict, Verdict::regressed);  // the verdict is still worked out and shown
+  EXPECT_FALSE(g.rows[2].fails());
+  EXPECT_FALSE(g.any_regression());
+  const std::string text = gate_table_text(g);
+  EXPECT_NE(text.find("regressed (not gated)"), std::string::npos) << text;
+  EXPECT_NE(text.find("0 regressed, 0 improved, 2 unchanged, 0 too few samples; not gated"), std::string::npos) << text;
+  EXPECT_NE(text.find("shown, fail nothing): 2 regressed"), std::string::npos) << text;
+  const std::string markdown = gate_table_markdown(g);
+  EXPECT_EQ(markdown.find("**regressed**"), std::string::npos) << markdown;
+
+  GateOptions every;
+  every.gate_every_variant = true;
+  g = run_gate(baseline, candidate, every);
+  EXPECT_TRUE(g.rows[2].fails());
+  EXPECT_TRUE(g.any_regression());
+  EXPECT_EQ(gate_table_text(g).find("not gated"), std::string::npos);
+
+  // A slower fused variant fails by default, whatever the references do.
+  candidate[1] = make_case("emb", "fused:graph", noisy_samples(rng, 1.3e5, 0.01, 30));
+  g = run_gate(baseline, candidate, GateOptions{});
+  EXPECT_TRUE(g.rows[1].fails());
+  EXPECT_TRUE(g.any_regression());
+  EXPECT_NE(gate_table_markdown(g).find("| **regressed** |"), std::string::npos);
+  EXPECT_TRUE(is_fusekit_variant("fused"));
+  EXPECT_TRUE(is_fusekit_variant("fused:no-master"));
+  EXPECT_FALSE(is_fusekit_variant("fusedx"));
+  EXPECT_FALSE(is_fusekit_variant("baseline:sdpa"));
+  EXPECT_FALSE(is_fusekit_variant("peer:compile"));
+}
+
+// A candidate that timed some operators (`bench --ops`): the baseline's other operators are counted in
+// one line, while a missing case of a timed operator is still listed.
+TEST(Gate, OperatorsTheCandidateDidNotTimeAreCountedNotListed) {
+  std::mt19937 rng(13);
+  const auto with_op = [](CaseResult c, const std::string& op) {
+    c.info.op = op;
+    return c;
+  };
+  const std::vector<CaseResult> baseline = {
+      with_op(make_case("emb/1", "fused", noisy_samples(rng, 1e5, 0.01, 10)), "emb"),
+      with_op(make_case("emb/2", "fused", noisy_samples(rng, 1e5, 0.01, 10)), "emb"),
+      with_op(make_case("ln/1", "fused", noisy_samples(rng, 1e5, 0.01, 10)), "ln"),
+      with_op(make_case("ln/1", "baseline", noisy_samples(rng, 1e5, 0.01, 10)), "ln"),
+      with_op(make_case("gelu/1", "fused", noisy_samples(rng, 1e5, 0.01, 10)), "gelu")};
+  const std::vector<CaseResult> candidate = {
+      with_op(make_case("emb/1", "fused", noisy_samples(rng, 1e5, 0.01, 10)), "emb")};
+  const GateResult g = run_gate(baseline, candidate, GateOptions{});
+  EXPECT_EQ(g.only_in_baseline, std::vector<std::string>{"emb/2 [fused]"});
+  EXPECT_EQ(g.unmeasured_operators, (std::map<std::string, size_t>{{"gelu", 1}, {"ln", 2}}));
+  const std::string text = gate_table_text(g);
+  EXPECT_NE(text.find("not timed by the candidate: 3 case(s) of the baseline's other 2 operator(s) (gelu, ln)\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("ln/1"), std::string::npos) << text;
+}
+
 TEST(Gate, TooFewSamplesIsVisibleButNotARegression) {
   const GateResult g = run_gate({make_case("ln", "fused", {100, 101, 102, 103})},
                                 {make_case("ln", "fused", {150, 151, 152, 153, 154, 155})}, GateOptions{});
