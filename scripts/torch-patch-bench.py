@@ -8,6 +8,7 @@ the peak memory PyTorch's allocator reserved. Prints a table and writes --json.
     PYTHONPATH=python python3 scripts/torch-patch-bench.py --models bert,swin --dtype fp16 --json out.json
 """
 import argparse
+import faulthandler
 import gc
 import json
 import os
@@ -136,7 +137,11 @@ def main():
                         help="stop a variant after this many seconds and go on (0: no limit)")
     parser.add_argument("--bert-layers", type=int, help="keep the first N encoder layers (a probe)")
     parser.add_argument("--bert-dropout", type=float, help="every dropout probability of BERT (a probe)")
+    parser.add_argument("--stacks", help="write every thread's Python stack to this file every --stack-every "
+                        "seconds while a variant runs (where a slow compilation spends its time)")
+    parser.add_argument("--stack-every", type=int, default=30)
     args = parser.parse_args()
+    stacks = open(args.stacks, "w") if args.stacks else None
     global BERT_LAYERS, BERT_DROPOUT
     BERT_LAYERS, BERT_DROPOUT = args.bert_layers, args.bert_dropout
     dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
@@ -145,6 +150,9 @@ def main():
     for name in args.models.split(","):
         for variant in args.variants.split(","):
             signal.alarm(args.variant_timeout)  # a variant that compiles for ever does not take the others down
+            if stacks:
+                print(f"==== {name}/{variant}", file=stacks, flush=True)
+                faulthandler.dump_traceback_later(args.stack_every, repeat=True, file=stacks)
             try:
                 r = run(setups[name], variant, dtype, args.warmup, args.steps)
             except VariantTimeout:
@@ -155,6 +163,8 @@ def main():
                 continue
             finally:
                 signal.alarm(0)
+                if stacks:
+                    faulthandler.cancel_dump_traceback_later()
             results[f"{name}/{variant}"] = r
             eager = results.get(f"{name}/eager", {})
             eager = eager if "median_ms" in eager else None
