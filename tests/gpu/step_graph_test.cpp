@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <utility>
@@ -65,6 +66,24 @@ std::pair<double, std::string> largest_distance(const std::vector<HostTensor>& a
   return worst;
 }
 
+// Largest root-mean-square difference of a and b over the BERT tensors, with the tensor's name,
+// against the most AdamW can move an element in `steps` steps of `lr` (steps x lr): the measure for
+// tensors that start at zero (LayerNorm and linear biases), whose own norm after a few steps is
+// mostly AdamW's normalized noise on their smallest gradients. The attention key bias is left out
+// (above).
+std::pair<double, std::string> largest_rms_difference(const std::vector<HostTensor>& a,
+                                                      const std::vector<HostTensor>& b, double steps_times_lr) {
+  EXPECT_EQ(a.size(), b.size());
+  std::pair<double, std::string> worst{0.0, ""};
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (a[i].name.find("attention.self.key.bias") != std::string::npos) continue;
+    const double n = std::max<double>(static_cast<double>(a[i].values.size()), 1);
+    const double d = swin_test::distance(a[i].values, b[i].values) / std::sqrt(n) / steps_times_lr;
+    if (!(d <= worst.first)) worst = {d, a[i].name};  // a NaN distance is the worst
+  }
+  return worst;
+}
+
 // `steps` steps of each model, batches 0, 1, 0, ...: the replayed losses within `tolerance`
 // (relative) of the enqueued ones.
 template <class Model>
@@ -110,10 +129,13 @@ TEST_P(StepGraphTest, BertGraphsTrainAsEnqueuedSteps) {
   ASSERT_TRUE(graphed.graphed());
   EXPECT_THROW(graphed.enqueue_step(2, stream.stream), std::out_of_range);
   expect_same_losses(enqueued, graphed, 5, 1e-3, stream.stream);
-  // Each step moves a weight by up to lr (1e-3, against weights of 0.02: 5%); the two models differ
-  // by their GEMMs' algorithms (each context times its candidates) within a fraction of that.
-  const auto [distance, name] = largest_distance(enqueued.parameters(), graphed.parameters());
-  EXPECT_LE(distance, 1e-2) << name;
+  // Each step moves an element by up to lr; the two models differ by their GEMMs' algorithms (each
+  // context times its candidates) within a fraction of that. A replay that drew other masks, read
+  // another batch or skipped an update would differ by a large part of the movement itself. (Relative
+  // to each tensor's norm, a zero-initialized LayerNorm bias failed in bf16: 6.3% against 1%.)
+  const auto [difference, name] = largest_rms_difference(enqueued.parameters(), graphed.parameters(), 5 * options.lr);
+  std::printf("largest rms difference: %.4f of steps x lr (%s)\n", difference, name.c_str());
+  EXPECT_LE(difference, 0.1) << name;
 }
 
 // With lr 0 the weights stay put, so the same batch's loss changes from replay to replay only by
