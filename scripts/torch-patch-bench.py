@@ -8,13 +8,13 @@ the peak memory PyTorch's allocator reserved. Prints a table and writes --json.
     PYTHONPATH=python python3 scripts/torch-patch-bench.py --models bert,swin --dtype fp16 --json out.json
 """
 import argparse
-import faulthandler
 import gc
 import json
 import os
 import signal
 import statistics
 import sys
+import threading
 import time
 
 import torch
@@ -37,6 +37,33 @@ def _on_alarm(signum, frame):
 
 
 signal.signal(signal.SIGALRM, _on_alarm)
+
+
+class StackWatch:
+    """Every `every` seconds while armed, writes the main thread's Python stack to `file`: its
+    depth, the outermost 40 frames (who started the slow work) and the innermost 8 (what it is
+    doing). From a Python thread, through sys._current_frames (faulthandler's timed dump keeps only
+    the innermost 100 frames, and crashed a probe once)."""
+
+    def __init__(self, file, every):
+        self.file, self.every, self.armed = file, every, threading.Event()
+        self.main = threading.main_thread().ident
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        while True:
+            time.sleep(self.every)
+            if not self.armed.is_set():
+                continue
+            frame = sys._current_frames().get(self.main)
+            frames = []
+            while frame is not None:
+                frames.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+                frame = frame.f_back
+            frames.reverse()  # outermost first
+            shown = frames if len(frames) <= 48 else frames[:40] + ["..."] + frames[-8:]
+            print(f"-- {time.strftime('%H:%M:%S')}: {len(frames)} frames", file=self.file)
+            print("\n".join("  " + f for f in shown), file=self.file, flush=True)
 
 
 # Overrides of BERT-base for probing torch.compile (--bert-layers, --bert-dropout): None keeps it.
@@ -141,7 +168,7 @@ def main():
                         "seconds while a variant runs (where a slow compilation spends its time)")
     parser.add_argument("--stack-every", type=int, default=30)
     args = parser.parse_args()
-    stacks = open(args.stacks, "w") if args.stacks else None
+    stacks = StackWatch(open(args.stacks, "w"), args.stack_every) if args.stacks else None
     global BERT_LAYERS, BERT_DROPOUT
     BERT_LAYERS, BERT_DROPOUT = args.bert_layers, args.bert_dropout
     dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
@@ -151,11 +178,14 @@ def main():
         for variant in args.variants.split(","):
             signal.alarm(args.variant_timeout)  # a variant that compiles for ever does not take the others down
             if stacks:
-                print(f"==== {name}/{variant}", file=stacks, flush=True)
-                faulthandler.dump_traceback_later(args.stack_every, repeat=True, file=stacks)
+                print(f"==== {name}/{variant}", file=stacks.file, flush=True)
+                stacks.armed.set()
             try:
                 r = run(setups[name], variant, dtype, args.warmup, args.steps)
-            except VariantTimeout:
+            except Exception as e:  # Inductor wraps the alarm's VariantTimeout in its own error
+                timed_out = isinstance(e, VariantTimeout) or isinstance(e.__cause__, VariantTimeout)
+                if not timed_out and "VariantTimeout" not in f"{type(e).__name__}: {e}":
+                    raise
                 print(f"{name:5s} {variant:16s} stopped after {args.variant_timeout} s (compiling or recompiling?)",
                       flush=True)
                 results[f"{name}/{variant}"] = {"timed_out_s": args.variant_timeout}
@@ -164,7 +194,7 @@ def main():
             finally:
                 signal.alarm(0)
                 if stacks:
-                    faulthandler.cancel_dump_traceback_later()
+                    stacks.armed.clear()
             results[f"{name}/{variant}"] = r
             eager = results.get(f"{name}/eager", {})
             eager = eager if "median_ms" in eager else None
