@@ -274,8 +274,11 @@ GateResult run_gate(const std::vector<CaseResult>& baseline, const std::vector<C
   const auto baseline_index = index_cases(baseline, "baseline");
   const auto candidate_index = index_cases(candidate, "candidate");
 
-  std::set<std::string> candidate_ops;
-  for (const CaseResult& cand : candidate) candidate_ops.insert(cand.info.op);
+  std::set<std::string> candidate_ops, candidate_variants;
+  for (const CaseResult& cand : candidate) {
+    candidate_ops.insert(cand.info.op);
+    candidate_variants.insert(cand.info.variant);
+  }
   GateResult result;
   for (const CaseResult& base : baseline) {
     const CaseKey key{base.info.name, base.info.variant};
@@ -283,6 +286,8 @@ GateResult run_gate(const std::vector<CaseResult>& baseline, const std::vector<C
     if (found == candidate_index.end()) {
       if (!base.info.op.empty() && !candidate_ops.count(base.info.op)) {
         ++result.unmeasured_operators[base.info.op];
+      } else if (!candidate_variants.count(base.info.variant)) {
+        ++result.unmeasured_variants[base.info.variant];
       } else {
         result.only_in_baseline.push_back(describe(key));
       }

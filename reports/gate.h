@@ -88,6 +88,9 @@ struct GateResult {
   // The baseline's cases of operators the candidate did not time at all (a run of some operators,
   // `bench --ops`): counted per operator rather than listed one by one.
   std::map<std::string, size_t> unmeasured_operators;  // operator -> cases
+  // Likewise the cases of the timed operators in variants the candidate ran in no case (the peers,
+  // which a gate run without --peers does not time).
+  std::map<std::string, size_t> unmeasured_variants;  // variant -> cases
   // Per row (same order) when the kernels were gated (gate_kernels); empty otherwise.
   std::vector<CaseKernelGate> kernels;
   bool kernel_rows_requested = false;  // the writers show every kernel row, not only the regressed cases' top 3

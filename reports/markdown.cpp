@@ -415,16 +415,19 @@ std::string gate_verdict_counts(const GateResult& result) {
   if (!reference.empty())
     out += "; not gated (libtorch, peers and references: shown, fail nothing): " + counts(reference);
   out += "\n";
-  if (!result.unmeasured_operators.empty()) {
+  const auto not_timed = [&](const std::map<std::string, size_t>& what, const std::string& kind) {
+    if (what.empty()) return;
     size_t cases = 0;
     std::string names;
-    for (const auto& [op, n] : result.unmeasured_operators) {
+    for (const auto& [name, n] : what) {
       cases += n;
-      names += (names.empty() ? "" : ", ") + op;
+      names += (names.empty() ? "" : ", ") + name;
     }
     out += "not timed by the candidate: " + std::to_string(cases) + " case(s) of the baseline's other " +
-           std::to_string(result.unmeasured_operators.size()) + " operator(s) (" + names + ")\n";
-  }
+           std::to_string(what.size()) + " " + kind + "(s) (" + names + ")\n";
+  };
+  not_timed(result.unmeasured_operators, "operator");
+  not_timed(result.unmeasured_variants, "variant");
   return out;
 }
 

@@ -350,14 +350,19 @@ TEST(Gate, OperatorsTheCandidateDidNotTimeAreCountedNotListed) {
       with_op(make_case("emb/2", "fused", noisy_samples(rng, 1e5, 0.01, 10)), "emb"),
       with_op(make_case("ln/1", "fused", noisy_samples(rng, 1e5, 0.01, 10)), "ln"),
       with_op(make_case("ln/1", "baseline", noisy_samples(rng, 1e5, 0.01, 10)), "ln"),
-      with_op(make_case("gelu/1", "fused", noisy_samples(rng, 1e5, 0.01, 10)), "gelu")};
+      with_op(make_case("gelu/1", "fused", noisy_samples(rng, 1e5, 0.01, 10)), "gelu"),
+      with_op(make_case("emb/1", "peer:eager", noisy_samples(rng, 1e5, 0.01, 10)), "emb")};
   const std::vector<CaseResult> candidate = {
       with_op(make_case("emb/1", "fused", noisy_samples(rng, 1e5, 0.01, 10)), "emb")};
   const GateResult g = run_gate(baseline, candidate, GateOptions{});
   EXPECT_EQ(g.only_in_baseline, std::vector<std::string>{"emb/2 [fused]"});
   EXPECT_EQ(g.unmeasured_operators, (std::map<std::string, size_t>{{"gelu", 1}, {"ln", 2}}));
+  EXPECT_EQ(g.unmeasured_variants, (std::map<std::string, size_t>{{"peer:eager", 1}}));
   const std::string text = gate_table_text(g);
   EXPECT_NE(text.find("not timed by the candidate: 3 case(s) of the baseline's other 2 operator(s) (gelu, ln)\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("not timed by the candidate: 1 case(s) of the baseline's other 1 variant(s) (peer:eager)\n"),
             std::string::npos)
       << text;
   EXPECT_EQ(text.find("ln/1"), std::string::npos) << text;
