@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <limits>
 #include <memory>
@@ -107,6 +108,13 @@ const char* linear_epilogue_name(LinearEpilogue epilogue) {
 // ---- the cuBLASLt context: handle, workspace, plans
 
 LinearContext::LinearContext() {
+  if (const char* choice = std::getenv("FUSEKIT_GEMM_ALGORITHM"); choice != nullptr && *choice != '\0') {
+    const std::string value = choice;
+    if (value != "timed" && value != "heuristic") {
+      throw std::invalid_argument("FUSEKIT_GEMM_ALGORITHM must be 'timed' or 'heuristic', not '" + value + "'");
+    }
+    time_candidates_ = value == "timed";
+  }
   FUSEKIT_CUBLAS_CHECK(cublasLtCreate(&handle_));
   const cudaError_t status = cudaMalloc(&workspace_, kWorkspaceBytes);
   if (status != cudaSuccess) {
@@ -174,7 +182,7 @@ cublasLtMatmulAlgo_t LinearContext::fastest(const Plan& plan, const Gemm& g,
                                             cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   FUSEKIT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (count == 1 || capture != cudaStreamCaptureStatusNone) return results[0].algo;
+  if (!time_candidates_ || count == 1 || capture != cudaStreamCaptureStatusNone) return results[0].algo;
   void* d = g.d;
   std::unique_ptr<void, cudaError_t (*)(void*)> temporary(nullptr, cudaFree);
   if (g.accumulate) {

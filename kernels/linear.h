@@ -65,8 +65,12 @@
 // The algorithm is the fastest of the heuristic's candidates, timed once on the call's own operands;
 // an accumulating plan's candidates are timed into a temporary D (running them on the call's D would
 // add into it several times), and where that cannot be allocated, or the stream is being captured,
-// the heuristic's first choice stands (linear.cu, LinearContext::fastest). Repeated calls set only
-// the pointers; nothing is allocated per call. One context per device; it is not thread-safe.
+// the heuristic's first choice stands (linear.cu, LinearContext::fastest). Timing makes the choice,
+// so two contexts may pick different algorithms for one GEMM and round differently; where two runs
+// must compute bit for bit alike (comparing a model's CUDA graph with its enqueued steps, say), set
+// FUSEKIT_GEMM_ALGORITHM=heuristic before the contexts are made: each plan then takes the
+// heuristic's first choice, untimed ("timed", the default, times them). Repeated calls set only the
+// pointers; nothing is allocated per call. One context per device; it is not thread-safe.
 #pragma once
 
 #include <cublasLt.h>
@@ -101,8 +105,10 @@ class LinearContext {
  public:
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
-  LinearContext();  // on the current device
+  LinearContext();  // on the current device; reads FUSEKIT_GEMM_ALGORITHM (above), throws
+                    // std::invalid_argument for a value other than "timed" or "heuristic"
   ~LinearContext();
+  bool times_candidates() const { return time_candidates_; }
   LinearContext(const LinearContext&) = delete;
   LinearContext& operator=(const LinearContext&) = delete;
 
@@ -144,6 +150,7 @@ class LinearContext {
                                int count, cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;
+  bool time_candidates_ = true;
   void* workspace_ = nullptr;
   void* scratch_[3] = {nullptr, nullptr, nullptr};
   size_t scratch_bytes_[3] = {0, 0, 0};

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -287,6 +288,32 @@ TEST(Linear, RepeatedCallsReuseThePlan) {
   const Outputs second = run_linear(context, DType::f16, LinearEpilogue::bias_gelu, shape, in);
   EXPECT_EQ(context.plans(), plans);
   EXPECT_EQ(relative_error(second.y, first.y), 0.0);  // same plan, same inputs: the same bits
+}
+
+// FUSEKIT_GEMM_ALGORITHM=heuristic: plans take the heuristic's first choice, untimed; a value it
+// does not know is one clear error, not a silent default.
+TEST(Linear, GemmAlgorithmChoiceFromTheEnvironment) {
+  FUSEKIT_REQUIRE_GPU();
+  const char* old = std::getenv("FUSEKIT_GEMM_ALGORITHM");
+  const std::string saved = old ? old : "";
+  unsetenv("FUSEKIT_GEMM_ALGORITHM");
+  EXPECT_TRUE(LinearContext().times_candidates());
+  setenv("FUSEKIT_GEMM_ALGORITHM", "heuristic", 1);
+  EXPECT_FALSE(LinearContext().times_candidates());
+  setenv("FUSEKIT_GEMM_ALGORITHM", "timed", 1);
+  EXPECT_TRUE(LinearContext().times_candidates());
+  setenv("FUSEKIT_GEMM_ALGORITHM", "fastest", 1);
+  try {
+    LinearContext context;
+    ADD_FAILURE() << "an unknown FUSEKIT_GEMM_ALGORITHM was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'timed' or 'heuristic', not 'fastest'"), std::string::npos) << e.what();
+  }
+  if (old) {
+    setenv("FUSEKIT_GEMM_ALGORITHM", saved.c_str(), 1);
+  } else {
+    unsetenv("FUSEKIT_GEMM_ALGORITHM");
+  }
 }
 
 TEST(Linear, RejectsBadSizes) {

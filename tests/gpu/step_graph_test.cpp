@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -112,8 +114,35 @@ std::unique_ptr<FusedBert> still_bert(const BertConfig& config, uint64_t seed) {
 
 class StepGraphTest : public ::testing::TestWithParam<DType> {};
 
+// Sets an environment variable for a scope and restores what was there.
+class ScopedEnvironment {
+ public:
+  ScopedEnvironment(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnvironment() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnvironment(const ScopedEnvironment&) = delete;
+  ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
 TEST_P(StepGraphTest, BertGraphsTrainAsEnqueuedSteps) {
   FUSEKIT_REQUIRE_GPU();
+  // Both models take the heuristic's first GEMM algorithm (kernels/linear.h): with each context
+  // timing its candidates, the two picked different algorithms in bf16 on the H100, and AdamW, which
+  // normalizes each gradient by its running size, turned that rounding into 21% of a step's movement
+  // in the embeddings' LayerNorm weight (fp16 happened to pick alike and matched bit for bit).
+  const ScopedEnvironment heuristic("FUSEKIT_GEMM_ALGORITHM", "heuristic");
   const BertConfig config = bert_config(GetParam());
   const BertInitialWeights weights(config, 3, config.dtype, 0.02f);
   const std::vector<MlmBatch> batches = bert_batches(config);
@@ -128,14 +157,13 @@ TEST_P(StepGraphTest, BertGraphsTrainAsEnqueuedSteps) {
   graphed.capture_step_graphs();
   ASSERT_TRUE(graphed.graphed());
   EXPECT_THROW(graphed.enqueue_step(2, stream.stream), std::out_of_range);
-  expect_same_losses(enqueued, graphed, 5, 1e-3, stream.stream);
-  // Each step moves an element by up to lr; the two models differ by their GEMMs' algorithms (each
-  // context times its candidates) within a fraction of that. A replay that drew other masks, read
-  // another batch or skipped an update would differ by a large part of the movement itself. (Relative
-  // to each tensor's norm, a zero-initialized LayerNorm bias failed in bf16: 6.3% against 1%.)
+  expect_same_losses(enqueued, graphed, 5, 1e-6, stream.stream);
+  // The same kernels with the same algorithms on the same inputs: the replayed steps compute what
+  // the enqueued ones do, so the parameters agree to far below one step's movement (lr per element).
+  // A replay with other masks, another batch or a skipped update would differ by much of it.
   const auto [difference, name] = largest_rms_difference(enqueued.parameters(), graphed.parameters(), 5 * options.lr);
-  std::printf("largest rms difference: %.4f of steps x lr (%s)\n", difference, name.c_str());
-  EXPECT_LE(difference, 0.1) << name;
+  std::printf("largest rms difference: %.3g of steps x lr (%s)\n", difference, name.c_str());
+  EXPECT_LE(difference, 1e-3) << name;
 }
 
 // With lr 0 the weights stay put, so the same batch's loss changes from replay to replay only by
