@@ -5,7 +5,7 @@
 # exits 1 on a regression.
 #   bash scripts/ci-gate.sh [--base REF] [--ops LIST] [--suites ops,attention,models] [--dtype fp16]
 #                           [--history DB [--history-runs N]] [--candidate-fusekit BIN] [--out DIR]
-#                           [--every-variant] [--no-confirm] [--dry-run]
+#                           [--every-variant] [--confirm-against BIN] [--no-confirm] [--dry-run]
 #   --base REF       measure only the operators touched between REF and HEAD (scripts/touched_ops.py);
 #                    without it, every case of the suites
 #   --ops LIST       measure only these operators (comma-separated; with --base, those of them touched)
@@ -23,6 +23,12 @@
 #   --every-variant  let the libtorch baseline, peers and references fail the job too (by default only
 #                    fusekit's fused variants can: the others time code a change here does not touch, and
 #                    are shown as not gated)
+#   --confirm-against BIN
+#                    confirm a regression by an A/B on this machine instead: the regressed operators are
+#                    measured alternately with BIN (a build of the base commit, e.g. the merge base) and
+#                    the candidate, two rounds (base then candidate, candidate then base), each round's
+#                    candidate gated against its base; only a regression both rounds show fails the job
+#                    (a machine slower than the evidence's, or one slow moment, fails neither round)
 #   --no-confirm     fail on the first measurement's regression; by default the operators of the
 #                    regressed cases are measured once more (a fresh process, same baseline) and only a
 #                    regression the re-run shows too fails the job, so that one slow moment of a
@@ -37,8 +43,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 1
 base="" only="" suites="ops,attention" dtype="fp16" history="" history_runs=5 out="out/ci-gate" dry_run=0 confirm=1
 gate_flags=()
-measure_with=""
-usage() { echo "ci-gate: $1 (usage: bash scripts/ci-gate.sh [--base REF] [--ops LIST] [--suites LIST] [--dtype D] [--history DB [--history-runs N]] [--candidate-fusekit BIN] [--out DIR] [--every-variant] [--no-confirm] [--dry-run])" >&2; exit 2; }
+measure_with="" confirm_with=""
+usage() { echo "ci-gate: $1 (usage: bash scripts/ci-gate.sh [--base REF] [--ops LIST] [--suites LIST] [--dtype D] [--history DB [--history-runs N]] [--candidate-fusekit BIN] [--out DIR] [--every-variant] [--confirm-against BIN] [--no-confirm] [--dry-run])" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --base) [ $# -ge 2 ] || usage "--base needs a git ref"; base="$2"; shift 2 ;;
@@ -50,6 +56,7 @@ while [ $# -gt 0 ]; do
     --history-runs) [ $# -ge 2 ] || usage "--history-runs needs a count"; history_runs="$2"; shift 2 ;;
     --out) [ $# -ge 2 ] || usage "--out needs a folder"; out="$2"; shift 2 ;;
     --every-variant) gate_flags=(--every-variant); shift ;;
+    --confirm-against) [ $# -ge 2 ] || usage "--confirm-against needs a fusekit binary"; confirm_with="$2"; shift 2 ;;
     --no-confirm) confirm=0; shift ;;
     --dry-run) dry_run=1; shift ;;
     *) usage "unknown argument '$1'" ;;
@@ -60,6 +67,11 @@ if [ -n "$measure_with" ]; then  # relative to where the script was called from
   [[ "$measure_with" == /* ]] || measure_with="$OLDPWD/$measure_with"
   [ -f "$measure_with" ] && [ -x "$measure_with" ] || usage "--candidate-fusekit '$measure_with' is not an executable"
   [ -z "$history" ] || usage "--candidate-fusekit measures another build: its runs do not belong in --history"
+fi
+if [ -n "$confirm_with" ]; then
+  [[ "$confirm_with" == /* ]] || confirm_with="$OLDPWD/$confirm_with"
+  [ -f "$confirm_with" ] && [ -x "$confirm_with" ] || usage "--confirm-against '$confirm_with' is not an executable"
+  [ "$confirm" = 1 ] || usage "--confirm-against confirms a regression: it cannot go with --no-confirm"
 fi
 [[ "$history_runs" =~ ^[1-9][0-9]*$ ]] || usage "--history-runs must be a positive count, not '$history_runs'"
 mkdir -p "$out"
@@ -144,6 +156,7 @@ print(db.execute("SELECT COUNT(*) FROM runs WHERE gpuName = ? AND status = ?", (
     fi
     if [ "$dry_run" = 1 ]; then
       echo "ci-gate: $suite: measure ${ops[*]:-every case} ($dtype), gate against $evidence"
+      [ -z "$confirm_with" ] || echo "ci-gate: $suite: a regression is confirmed by two A/B rounds against $confirm_with"
       continue
     fi
     if [[ "$evidence" == *.xz ]]; then
@@ -175,7 +188,53 @@ print(db.execute("SELECT COUNT(*) FROM runs WHERE gpuName = ? AND status = ?", (
   rc=$?
   { printf '### fusekit gate: %s suite (%s, %s)\n\n' "$suite" "$gpu_name" "$dtype"; cat "$out/gate-$suite.md"; echo; } >>"$out/summary.md"
   # Confirm a regression by measuring its operators again before failing.
-  if [ $rc = 1 ] && [ $confirm = 1 ] && [ -s "$out/regressed-$suite.txt" ]; then
+  if [ $rc = 1 ] && [ $confirm = 1 ] && [ -s "$out/regressed-$suite.txt" ] && [ -n "$confirm_with" ]; then
+    again="$(sort -u "$out/regressed-$suite.txt" | paste -sd, -)"
+    echo "ci-gate: $suite: regressed in $again; two A/B rounds against $confirm_with before failing"
+    rounds=0 confirmed=0
+    for round in 1 2; do
+      base_db="$out/$suite-ab$round-base.db" cand_db="$out/$suite-ab$round-candidate.db"
+      rm -f "$base_db" "$base_db-wal" "$base_db-shm" "$cand_db" "$cand_db-wal" "$cand_db-shm"
+      order=(base candidate)
+      [ $round = 2 ] && order=(candidate base)
+      ok=1
+      for side in "${order[@]}"; do
+        if [ "$side" = base ]; then binary="$confirm_with" db="$base_db"; else binary="$MEASURE" db="$cand_db"; fi
+        "$binary" bench --suite "$suite" --dtype "$dtype" --ops "$again" "${peers[@]}" --db "$db" \
+          --label "$label (A/B round $round, $side)" >"$out/bench-$suite-ab$round-$side.log" 2>&1 || ok=0
+      done
+      if [ $ok = 0 ]; then
+        echo "ci-gate: $suite: A/B round $round: a benchmark failed" >&2
+        continue
+      fi
+      "$FUSEKIT" gate --baseline "$base_db" "${gate_flags[@]}" --candidate "$cand_db" \
+        --markdown "$out/gate-$suite-ab$round.md" --regressed-ops "$out/regressed-$suite-ab$round.txt" \
+        >"$out/gate-$suite-ab$round.txt" 2>&1
+      round_rc=$?
+      # Exit 1 is a regression or an error; a regression names its operators.
+      if [ $round_rc = 0 ]; then
+        rounds=$((rounds + 1))
+        echo "ci-gate: $suite: A/B round $round: no regression against the base build"
+      elif [ $round_rc = 1 ] && [ -s "$out/regressed-$suite-ab$round.txt" ]; then
+        rounds=$((rounds + 1)) confirmed=$((confirmed + 1))
+        echo "ci-gate: $suite: A/B round $round: regressed in $(sort -u "$out/regressed-$suite-ab$round.txt" | paste -sd, -)"
+      else
+        tail -3 "$out/gate-$suite-ab$round.txt" >&2
+        echo "ci-gate: $suite: A/B round $round: the gate failed" >&2
+        continue
+      fi
+      { printf '#### A/B round %s against the base build (%s)\n\n' "$round" "$again"
+        cat "$out/gate-$suite-ab$round.md"; echo; } >>"$out/summary.md"
+    done
+    if [ $rounds = 0 ]; then
+      echo "ci-gate: $suite: no A/B round ran; the first measurement stands" >&2
+    elif [ $confirmed = $rounds ]; then
+      echo "ci-gate: $suite: confirmed by $rounds A/B round(s) against the base build"
+    else
+      echo "ci-gate: $suite: not confirmed: $((rounds - confirmed)) of $rounds A/B round(s) show no regression against the base build, so this suite passes"
+      rc=0
+    fi
+  elif [ $rc = 1 ] && [ $confirm = 1 ] && [ -s "$out/regressed-$suite.txt" ]; then
     again="$(sort -u "$out/regressed-$suite.txt" | paste -sd, -)"
     echo "ci-gate: $suite: regressed in $again; measuring them again before failing"
     confirm_db="$out/$suite-confirm.db"

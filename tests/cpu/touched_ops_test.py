@@ -113,6 +113,18 @@ class CiGateDryRunTest(unittest.TestCase):
         mixed = self.run_gate("--candidate-fusekit", fusekit, "--history", "h.db")
         self.assertEqual(mixed.returncode, 2)
         self.assertIn("do not belong in --history", mixed.stderr)
+        missing_base = self.run_gate("--confirm-against", "/no/such/fusekit")
+        self.assertEqual(missing_base.returncode, 2)
+        self.assertIn("--confirm-against '/no/such/fusekit' is not an executable", missing_base.stderr)
+        both = self.run_gate("--confirm-against", fusekit, "--no-confirm")
+        self.assertEqual(both.returncode, 2)
+        self.assertIn("cannot go with --no-confirm", both.stderr)
+
+    def test_ab_confirmation_is_planned(self):
+        fusekit = os.environ.get("FUSEKIT_BINARY", os.path.join(ROOT, "build", "fusekit"))
+        result = self.run_gate("--suites", "ops", "--ops", "embedding_layernorm", "--confirm-against", fusekit)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(f"ops: a regression is confirmed by two A/B rounds against {fusekit}", result.stdout)
 
 
 if __name__ == "__main__":
