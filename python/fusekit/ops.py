@@ -39,6 +39,17 @@ torch.ops.load_library(_path)
 _ops = torch.ops.fusekit
 _float = torch.float32
 
+# Inductor's implicit-fallback log line would print each fusekit op's inputs as whole IR trees
+# (fusekit.inductor): bounded before any model is compiled.
+try:
+    import torch._inductor.exc as _inductor_exc
+except Exception:  # a PyTorch without Inductor compiles nothing
+    _inductor_exc = None
+if _inductor_exc is not None:
+    from fusekit.inductor import bound_fallback_log
+
+    bound_fallback_log(_inductor_exc)
+
 
 # torch.compiler.is_compiling (PyTorch 2.3 and later), which Dynamo evaluates to True while tracing.
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)

@@ -12,7 +12,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 import fusekit  # noqa: E402
-from fusekit import library, matching  # noqa: E402
+from fusekit import inductor, library, matching  # noqa: E402
 
 
 def stand_in(kind, **attributes):
@@ -71,6 +71,60 @@ class LibraryTest(unittest.TestCase):
 
     def test_top_level_package_lists_what_is_missing(self):
         self.assertIsInstance(fusekit.missing(), list)
+
+
+class InductorLogTest(unittest.TestCase):
+    """fusekit.inductor on a stand-in of torch._inductor.exc: the implicit-fallback log line of a
+    fusekit op no longer formats its arguments (IR trees whose printing grows with the model's
+    depth); other operators keep PyTorch's text."""
+
+    class Unprintable:
+        def __str__(self):
+            raise AssertionError("an argument of a fusekit op was printed")
+
+        __repr__ = __str__
+
+    class Op:
+        def __init__(self, qualified):
+            self.qualified = qualified
+
+        def name(self):
+            return self.qualified
+
+        def __str__(self):
+            return self.qualified.replace("::", ".") + ".default"
+
+    def stand_in_exc(self):
+        class OperatorIssue:
+            @staticmethod
+            def operator_str(target, args, kwargs):
+                return f"target: {target}\n" + "\n".join(f"args[{i}]: {a}" for i, a in enumerate(args))
+
+        class MissingOperatorWithoutDecomp(OperatorIssue):
+            pass
+
+        return type("exc", (), {"OperatorIssue": OperatorIssue,
+                                "MissingOperatorWithoutDecomp": MissingOperatorWithoutDecomp})
+
+    def test_fusekit_ops_are_named_not_printed(self):
+        exc = self.stand_in_exc()
+        self.assertTrue(inductor.bound_fallback_log(exc))
+        error = exc.MissingOperatorWithoutDecomp  # graph.py calls it on the error class
+        line = error.operator_str(self.Op("fusekit::layernorm"), (self.Unprintable(), self.Unprintable()), {"eps": 1})
+        self.assertIn("fusekit.layernorm.default", line)
+        self.assertIn("2 positional and 1 keyword arguments", line)
+        self.assertEqual(error.operator_str(self.Op("aten::add"), ("x", "y"), {}),
+                         "target: aten.add.default\nargs[0]: x\nargs[1]: y")
+        with self.assertRaises(AssertionError):  # other operators' arguments are still printed
+            error.operator_str(self.Op("aten::add"), (self.Unprintable(),), {})
+
+    def test_in_place_once_and_absent_where_pytorch_has_no_such_method(self):
+        exc = self.stand_in_exc()
+        self.assertTrue(inductor.bound_fallback_log(exc))
+        bounded = exc.OperatorIssue.operator_str
+        self.assertTrue(inductor.bound_fallback_log(exc))
+        self.assertIs(exc.OperatorIssue.operator_str, bounded)  # not wrapped twice
+        self.assertFalse(inductor.bound_fallback_log(type("exc", (), {})))
 
 
 class MatchingTest(unittest.TestCase):
