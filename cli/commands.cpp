@@ -435,6 +435,9 @@ int gate(const GateOptions& o) {
     throw std::invalid_argument(
         "--baseline-run, --baseline-runs and --baseline-commit each choose the baseline: give one");
   }
+  // Emptied first, so that a gate that fails before it has gated leaves no operators from an
+  // earlier run behind (scripts/ci-gate.sh reads "exit 1 and operators listed" as a regression).
+  if (!o.regressed_ops_output.empty() && o.regressed_ops_output != "-") write_output(o.regressed_ops_output, "");
   OpenedRun candidate = open_run(o.candidate);
   OpenedRun baseline = open_run(o.baseline);
   std::vector<reports::CaseResult> baseline_cases;

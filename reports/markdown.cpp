@@ -423,11 +423,11 @@ std::string gate_verdict_counts(const GateResult& result) {
       cases += n;
       names += (names.empty() ? "" : ", ") + name;
     }
-    out += "not timed by the candidate: " + std::to_string(cases) + " case(s) of the baseline's other " +
-           std::to_string(what.size()) + " " + kind + "(s) (" + names + ")\n";
+    out += "not timed by the candidate: " + std::to_string(cases) + " case(s) of the baseline in " +
+           std::to_string(what.size()) + " " + kind + " (" + names + ")\n";
   };
-  not_timed(result.unmeasured_operators, "operator");
-  not_timed(result.unmeasured_variants, "variant");
+  not_timed(result.unmeasured_operators, "other operator(s)");
+  not_timed(result.unmeasured_variants, "variant(s) it ran nowhere");
   return out;
 }
 

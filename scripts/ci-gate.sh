@@ -27,8 +27,10 @@
 #                    confirm a regression by an A/B on this machine instead: the regressed operators are
 #                    measured alternately with BIN (a build of the base commit, e.g. the merge base) and
 #                    the candidate, two rounds (base then candidate, candidate then base), each round's
-#                    candidate gated against its base; only a regression both rounds show fails the job
-#                    (a machine slower than the evidence's, or one slow moment, fails neither round)
+#                    candidate gated against its base; only a regression every round that ran shows fails
+#                    the job (a machine slower than the evidence's, or one slow moment, fails neither
+#                    round); a round whose benchmark or gate fails is left out, and with no round run
+#                    the job fails without a verdict
 #   --no-confirm     fail on the first measurement's regression; by default the operators of the
 #                    regressed cases are measured once more (a fresh process, same baseline) and only a
 #                    regression the re-run shows too fails the job, so that one slow moment of a
@@ -167,7 +169,10 @@ print(db.execute("SELECT COUNT(*) FROM runs WHERE gpuName = ? AND status = ?", (
     what="$evidence"
   fi
   echo "ci-gate: $suite: measure ${ops[*]:-every case} ($dtype), gate against $what"
-  [ "$dry_run" = 1 ] && continue
+  if [ "$dry_run" = 1 ]; then
+    [ -z "$confirm_with" ] || echo "ci-gate: $suite: a regression is confirmed by two A/B rounds against $confirm_with"
+    continue
+  fi
   candidate_db="$out/$suite.db"
   if [ -n "$history" ]; then
     candidate_db="$history"  # a new run in the history store; the gate leaves it out of the baseline
@@ -183,10 +188,16 @@ print(db.execute("SELECT COUNT(*) FROM runs WHERE gpuName = ? AND status = ?", (
     failed=1
     continue
   fi
+  rm -f "$out/gate-$suite.md" "$out/regressed-$suite.txt"
   "$FUSEKIT" gate "${baseline[@]}" "${gate_flags[@]}" --candidate "$candidate_db" --markdown "$out/gate-$suite.md" \
     --regressed-ops "$out/regressed-$suite.txt"
   rc=$?
-  { printf '### fusekit gate: %s suite (%s, %s)\n\n' "$suite" "$gpu_name" "$dtype"; cat "$out/gate-$suite.md"; echo; } >>"$out/summary.md"
+  # Exit 1 is a regression or an error (or untested cases); a regression names its operators.
+  if [ $rc = 1 ] && [ ! -s "$out/regressed-$suite.txt" ]; then
+    echo "ci-gate: $suite: the gate failed without naming a regressed operator (see above)" >&2
+    rc=2
+  fi
+  { printf '### fusekit gate: %s suite (%s, %s)\n\n' "$suite" "$gpu_name" "$dtype"; cat "$out/gate-$suite.md" 2>/dev/null; echo; } >>"$out/summary.md"
   # Confirm a regression by measuring its operators again before failing.
   if [ $rc = 1 ] && [ $confirm = 1 ] && [ -s "$out/regressed-$suite.txt" ] && [ -n "$confirm_with" ]; then
     again="$(sort -u "$out/regressed-$suite.txt" | paste -sd, -)"
@@ -200,13 +211,18 @@ print(db.execute("SELECT COUNT(*) FROM runs WHERE gpuName = ? AND status = ?", (
       ok=1
       for side in "${order[@]}"; do
         if [ "$side" = base ]; then binary="$confirm_with" db="$base_db"; else binary="$MEASURE" db="$cand_db"; fi
-        "$binary" bench --suite "$suite" --dtype "$dtype" --ops "$again" "${peers[@]}" --db "$db" \
-          --label "$label (A/B round $round, $side)" >"$out/bench-$suite-ab$round-$side.log" 2>&1 || ok=0
+        if ! "$binary" bench --suite "$suite" --dtype "$dtype" --ops "$again" "${peers[@]}" --db "$db" \
+          --label "$label (A/B round $round, $side)" >"$out/bench-$suite-ab$round-$side.log" 2>&1; then
+          ok=0
+          break
+        fi
       done
       if [ $ok = 0 ]; then
-        echo "ci-gate: $suite: A/B round $round: a benchmark failed" >&2
+        echo "ci-gate: $suite: A/B round $round: the $side benchmark failed (see bench-$suite-ab$round-$side.log)" >&2
+        printf '#### A/B round %s: the %s benchmark failed; left out\n\n' "$round" "$side" >>"$out/summary.md"
         continue
       fi
+      rm -f "$out/gate-$suite-ab$round.md" "$out/regressed-$suite-ab$round.txt"
       "$FUSEKIT" gate --baseline "$base_db" "${gate_flags[@]}" --candidate "$cand_db" \
         --markdown "$out/gate-$suite-ab$round.md" --regressed-ops "$out/regressed-$suite-ab$round.txt" \
         >"$out/gate-$suite-ab$round.txt" 2>&1
@@ -221,24 +237,28 @@ print(db.execute("SELECT COUNT(*) FROM runs WHERE gpuName = ? AND status = ?", (
       else
         tail -3 "$out/gate-$suite-ab$round.txt" >&2
         echo "ci-gate: $suite: A/B round $round: the gate failed" >&2
+        printf '#### A/B round %s: the gate failed; left out\n\n' "$round" >>"$out/summary.md"
         continue
       fi
       { printf '#### A/B round %s against the base build (%s)\n\n' "$round" "$again"
         cat "$out/gate-$suite-ab$round.md"; echo; } >>"$out/summary.md"
     done
     if [ $rounds = 0 ]; then
-      echo "ci-gate: $suite: no A/B round ran; the first measurement stands" >&2
+      verdict="no A/B round ran, so nothing confirms or clears the first measurement: the job fails without a verdict"
+      rc=2
     elif [ $confirmed = $rounds ]; then
-      echo "ci-gate: $suite: confirmed by $rounds A/B round(s) against the base build"
+      verdict="confirmed by $rounds of 2 A/B round(s) against the base build"
     else
-      echo "ci-gate: $suite: not confirmed: $((rounds - confirmed)) of $rounds A/B round(s) show no regression against the base build, so this suite passes"
+      verdict="not confirmed: $((rounds - confirmed)) of $rounds A/B round(s) show no regression against the base build, so this suite passes"
       rc=0
     fi
+    echo "ci-gate: $suite: $verdict"
+    printf '#### A/B confirmation (%s): %s\n\n' "$again" "$verdict" >>"$out/summary.md"
   elif [ $rc = 1 ] && [ $confirm = 1 ] && [ -s "$out/regressed-$suite.txt" ]; then
     again="$(sort -u "$out/regressed-$suite.txt" | paste -sd, -)"
     echo "ci-gate: $suite: regressed in $again; measuring them again before failing"
     confirm_db="$out/$suite-confirm.db"
-    rm -f "$confirm_db" "$confirm_db-wal" "$confirm_db-shm"
+    rm -f "$confirm_db" "$confirm_db-wal" "$confirm_db-shm" "$out/gate-$suite-confirm.md"
     if "$MEASURE" bench --suite "$suite" --dtype "$dtype" --ops "$again" "${peers[@]}" --db "$confirm_db" \
       --label "$label (confirming)" >"$out/bench-$suite-confirm.log" 2>&1; then
       "$FUSEKIT" gate "${baseline[@]}" "${gate_flags[@]}" --candidate "$confirm_db" --markdown "$out/gate-$suite-confirm.md"

@@ -28,8 +28,9 @@ import fusekit.torch  # noqa: E402
 VARIANTS = ("eager", "compile", "fusekit", "fusekit-compile")
 
 
-class VariantTimeout(Exception):
-    pass
+class VariantTimeout(BaseException):
+    """Raised by the alarm; a BaseException, so that no `except Exception` on the way (Dynamo's,
+    Inductor's) swallows it or wraps it in its own error."""
 
 
 def _on_alarm(signum, frame):
@@ -164,10 +165,12 @@ def main():
                         help="stop a variant after this many seconds and go on (0: no limit)")
     parser.add_argument("--bert-layers", type=int, help="keep the first N encoder layers (a probe)")
     parser.add_argument("--bert-dropout", type=float, help="every dropout probability of BERT (a probe)")
-    parser.add_argument("--stacks", help="write every thread's Python stack to this file every --stack-every "
+    parser.add_argument("--stacks", help="write the main thread's Python stack to this file every --stack-every "
                         "seconds while a variant runs (where a slow compilation spends its time)")
     parser.add_argument("--stack-every", type=int, default=30)
     args = parser.parse_args()
+    if args.stack_every <= 0:
+        parser.error("--stack-every must be a positive number of seconds")
     stacks = StackWatch(open(args.stacks, "w"), args.stack_every) if args.stacks else None
     global BERT_LAYERS, BERT_DROPOUT
     BERT_LAYERS, BERT_DROPOUT = args.bert_layers, args.bert_dropout
@@ -182,8 +185,13 @@ def main():
                 stacks.armed.set()
             try:
                 r = run(setups[name], variant, dtype, args.warmup, args.steps)
-            except Exception as e:  # Inductor wraps the alarm's VariantTimeout in its own error
-                timed_out = isinstance(e, VariantTimeout) or isinstance(e.__cause__, VariantTimeout)
+            except (VariantTimeout, Exception) as e:
+                # Inductor has wrapped the timeout in its own error when it raised it as an Exception:
+                # recognised by its chain or, where the chain was cut (`from None`), by its message.
+                chain, timed_out = e, False
+                while chain is not None and not timed_out:
+                    timed_out = isinstance(chain, VariantTimeout) or "VariantTimeout" in type(chain).__name__
+                    chain = chain.__cause__ or chain.__context__
                 if not timed_out and "VariantTimeout" not in f"{type(e).__name__}: {e}":
                     raise
                 print(f"{name:5s} {variant:16s} stopped after {args.variant_timeout} s (compiling or recompiling?)",

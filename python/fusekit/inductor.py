@@ -15,7 +15,7 @@ other operators keep PyTorch's text. It changes a log line, nothing that is comp
 def _is_fusekit(target):
     name = getattr(target, "name", None)
     try:
-        qualified = name() if callable(name) else str(target)
+        qualified = name() if callable(name) else (name or str(target))
     except Exception:  # an object that cannot name itself is not ours
         return False
     return str(qualified).startswith("fusekit::") or str(qualified).startswith("fusekit.")

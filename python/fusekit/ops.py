@@ -48,7 +48,10 @@ except Exception:  # a PyTorch without Inductor compiles nothing
 if _inductor_exc is not None:
     from fusekit.inductor import bound_fallback_log
 
-    bound_fallback_log(_inductor_exc)
+    try:
+        bound_fallback_log(_inductor_exc)
+    except Exception:  # it only shortens a log line: never a reason not to load the ops
+        pass
 
 
 # torch.compiler.is_compiling (PyTorch 2.3 and later), which Dynamo evaluates to True while tracing.

@@ -294,25 +294,24 @@ TEST(Linear, RepeatedCallsReuseThePlan) {
 // does not know is one clear error, not a silent default.
 TEST(Linear, GemmAlgorithmChoiceFromTheEnvironment) {
   FUSEKIT_REQUIRE_GPU();
-  const char* old = std::getenv("FUSEKIT_GEMM_ALGORITHM");
-  const std::string saved = old ? old : "";
-  unsetenv("FUSEKIT_GEMM_ALGORITHM");
-  EXPECT_TRUE(LinearContext().times_candidates());
-  setenv("FUSEKIT_GEMM_ALGORITHM", "heuristic", 1);
-  EXPECT_FALSE(LinearContext().times_candidates());
-  setenv("FUSEKIT_GEMM_ALGORITHM", "timed", 1);
-  EXPECT_TRUE(LinearContext().times_candidates());
-  setenv("FUSEKIT_GEMM_ALGORITHM", "fastest", 1);
+  {
+    const test_support::ScopedEnvironment unset("FUSEKIT_GEMM_ALGORITHM", nullptr);
+    EXPECT_TRUE(LinearContext().times_candidates());
+  }
+  {
+    const test_support::ScopedEnvironment heuristic("FUSEKIT_GEMM_ALGORITHM", "heuristic");
+    EXPECT_FALSE(LinearContext().times_candidates());
+  }
+  {
+    const test_support::ScopedEnvironment timed("FUSEKIT_GEMM_ALGORITHM", "timed");
+    EXPECT_TRUE(LinearContext().times_candidates());
+  }
+  const test_support::ScopedEnvironment unknown("FUSEKIT_GEMM_ALGORITHM", "fastest");
   try {
     LinearContext context;
     ADD_FAILURE() << "an unknown FUSEKIT_GEMM_ALGORITHM was accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("'timed' or 'heuristic', not 'fastest'"), std::string::npos) << e.what();
-  }
-  if (old) {
-    setenv("FUSEKIT_GEMM_ALGORITHM", saved.c_str(), 1);
-  } else {
-    unsetenv("FUSEKIT_GEMM_ALGORITHM");
   }
 }
 
