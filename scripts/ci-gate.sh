@@ -284,6 +284,6 @@ print(db.execute("SELECT COUNT(*) FROM runs WHERE gpuName = ? AND status = ?", (
 done
 [ "$dry_run" = 1 ] && exit 0
 echo "ci-gate: summary in $out/summary.md"
-[ $failed = 0 ] || exit 1
+[ $failed = 0 ] || { echo "ci-gate: a build, measurement or gate failed (above): no verdict" >&2; exit 1; }
 [ $regressed = 0 ] || { echo "ci-gate: a regression: see $out/summary.md"; exit 1; }
 exit 0
