@@ -362,8 +362,9 @@ TEST(Gate, OperatorsTheCandidateDidNotTimeAreCountedNotListed) {
   EXPECT_NE(text.find("not timed by the candidate: 3 case(s) of the baseline in 2 other operator(s) (gelu, ln)\n"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("not timed by the candidate: 1 case(s) of the baseline in 1 variant(s) it ran nowhere (peer:eager)\n"),
-            std::string::npos)
+  EXPECT_NE(
+      text.find("not timed by the candidate: 1 case(s) of the baseline in 1 variant(s) it ran nowhere (peer:eager)\n"),
+      std::string::npos)
       << text;
   EXPECT_EQ(text.find("ln/1"), std::string::npos) << text;
 }
