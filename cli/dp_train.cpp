@@ -56,6 +56,7 @@ struct Options {
   int64_t dense_steps = 0;
   bool frozen_variance = false;
   double frozen_max_step = 0;
+  bool rank_by_step = false;
   int model_hosts = 1;
   int probe_steps = 5;
   int steps = 300;
@@ -152,6 +153,7 @@ int run(const Options& o) {
   x.dense_steps = o.dense_steps;
   x.frozen_variance = o.frozen_variance;
   x.frozen_max_step = o.frozen_max_step;
+  x.rank_by_step = o.rank_by_step;
 
   models::BertTrainOptions train;
   if (o.frozen_variance) x.momentum = train.beta1;  // each rank's velocity is AdamW's first moment / (1 - beta1)
@@ -299,6 +301,7 @@ int run(const Options& o) {
         << o.index_form << "\",\n  \"dense_steps\": " << o.dense_steps
         << ",\n  \"frozen_variance\": " << (o.frozen_variance ? "true" : "false")
         << ",\n  \"frozen_max_step\": " << (o.frozen_max_step > 1e300 ? -1 : o.frozen_max_step)
+        << ",\n  \"rank_by_step\": " << (o.rank_by_step ? "true" : "false")
         << ",\n  \"frozen_max_step_last\": "  // the cap the last step took (-1: none; 0: no velocity steps)
         << (!o.frozen_variance                    ? 0.0
             : exchanger.frozen_max_step() > 1e300 ? -1.0
@@ -383,6 +386,9 @@ int main(int argc, char** argv) {
   app.add_flag("--frozen-variance", o.frozen_variance,
                "Sparse, after --dense-steps: exchange each rank's AdamW velocity by top-k with error feedback and "
                "step with AdamW's second moment frozen (1-bit Adam's recipe; dp/gradient_exchanger.h says why)");
+  app.add_flag("--rank-by-step", o.rank_by_step,
+               "With --frozen-variance: select the entries whose unsent velocity would move their weights most, "
+               "|r| / (sqrt(v) + eps) with AdamW's frozen v, instead of the largest |r|");
   app.add_option("--frozen-max-step", o.frozen_max_step,
                  "With --frozen-variance: the largest step of a coordinate, in units of lr (0: 1 / (density x "
                  "reselect), the steps an exchanged entry stands for; inf: uncapped)")

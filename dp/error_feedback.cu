@@ -146,7 +146,8 @@ ErrorFeedback::~ErrorFeedback() {
   cudaFree(pack_table_);
 }
 
-uint64_t ErrorFeedback::step(const void* gradient, kernels::DType dtype, double density, cudaStream_t stream) {
+uint64_t ErrorFeedback::step(const void* gradient, kernels::DType dtype, double density, cudaStream_t stream,
+                             const float* second_moment, float eps) {
   if (momentum_ != nullptr) {
     kernels::dispatch_dtype(dtype, "error feedback", [&](auto tag) {
       using T = typename decltype(tag)::type;
@@ -154,9 +155,9 @@ uint64_t ErrorFeedback::step(const void* gradient, kernels::DType dtype, double 
           momentum_, static_cast<const T*>(gradient), static_cast<float>(momentum_factor_), elements_);
     });
     FUSEKIT_CUDA_CHECK(cudaGetLastError());
-    selection_.select(momentum_, kernels::DType::f32, residual_, density, stream);
+    selection_.select(momentum_, kernels::DType::f32, residual_, density, stream, second_moment, eps);
   } else {
-    selection_.select(gradient, dtype, residual_, density, stream);
+    selection_.select(gradient, dtype, residual_, density, stream, second_moment, eps);
   }
   results_ = selection_.results(stream);  // synchronizes
 

@@ -51,8 +51,11 @@ class ErrorFeedback {
 
   // One step at `density` (0 < density <= max_density) on `gradient` (elements of `dtype`, every
   // layer covered); returns the entries selected. Synchronizes with `stream` once (the per-layer
-  // counts), then leaves the packing on it.
-  uint64_t step(const void* gradient, kernels::DType dtype, double density, cudaStream_t stream);
+  // counts), then leaves the packing on it. With `second_moment` (AdamW's frozen v over the same
+  // flat layout) entries are ranked by the step they would take, |v_residual| / (sqrt(v) + eps)
+  // (TopkSelection::select).
+  uint64_t step(const void* gradient, kernels::DType dtype, double density, cudaStream_t stream,
+                const float* second_moment = nullptr, float eps = 0);
 
   // After an exchange that applied only some of the last step's entries (the sparse collective's
   // re-selection): v[i] += the wire value of each entry whose exchanged sum[i] (fp32, device, the

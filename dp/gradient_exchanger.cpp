@@ -118,6 +118,9 @@ GradientExchanger::GradientExchanger(Communicator& communicator, const models::F
     throw std::invalid_argument("gradient exchange: the frozen step's cap must be 0 (automatic) or >= 1 lr, not " +
                                 std::to_string(options_.frozen_max_step));
   }
+  if (options_.rank_by_step && !options_.frozen_variance) {
+    throw std::invalid_argument("gradient exchange: ranking by the step needs the frozen variance (its v)");
+  }
   if (options_.reselect < 1 && options_.collective == SparseCollectiveKind::allgather) {
     throw std::invalid_argument("gradient exchange: re-selection needs a reduce-scatter collective (balanced, equal)");
   }
@@ -181,7 +184,7 @@ void GradientExchanger::run_sparse(const void* source, void* target, double dens
   record_.density = density;
   {
     profiler::ScopedRange range("dp.select");
-    record_.entries = feedback_->step(source, layout_.dtype, density, stream);
+    record_.entries = feedback_->step(source, layout_.dtype, density, stream, second_moment_, eps_);
   }
   FUSEKIT_CUDA_CHECK(cudaEventRecord(events_[kSelected], stream));
   const cudaStream_t comm = communicator_.stream();
@@ -248,6 +251,14 @@ float GradientExchanger::exchange(const models::FlatGradients& gradients, cudaSt
     return static_cast<float>(communicator_.size());
   }
   if (sparse_now() && step >= options_.dense_steps) {
+    second_moment_ = nullptr;
+    if (options_.rank_by_step) {
+      if (gradients.second_moment == nullptr || !(gradients.eps > 0)) {
+        throw std::invalid_argument("gradient exchange: ranking by the step needs the model's AdamW second moment");
+      }
+      second_moment_ = gradients.second_moment;
+      eps_ = static_cast<float>(gradients.eps);
+    }
     run_sparse(gradients.data, gradients.data, density_of(step), stream);
     ran_sparse_ = true;
     velocities_ = options_.frozen_variance;

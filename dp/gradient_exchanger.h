@@ -39,6 +39,13 @@
 // that many steps arrives with that many steps' velocity, which a cap of one AdamW step (lr) would
 // cut down to one step's worth.
 //
+// Ranking by the step (`rank_by_step`, with frozen_variance): with v frozen, coordinate i's
+// unsent velocity r_i would move its weight by lr r_i / (sqrt(v_i) + eps), so the selection ranks
+// entries by that (TopkSelection::select's second_moment, v from FlatGradients::second_moment)
+// instead of by |r_i|, which lets coordinates with small gradients wait for many steps' velocity
+// while those with large ones go out after one: the same bytes, the delay evened out where it
+// moves the weights. An option to measure against the plain ranking.
+//
 // Timing: events on the model's stream split each exchange into selection (residual update,
 // threshold, compaction), communication (every NCCL call and the host waits between them) and
 // narrowing; `last()` reads them once the step's stream has completed (the caller synchronizes).
@@ -82,6 +89,7 @@ struct ExchangerOptions {
   int64_t dense_steps = 0;                  // sparse: the first steps exchange densely
   bool frozen_variance = false;             // sparse, after dense steps: exchange velocities (see above)
   double frozen_max_step = 0;               // its cap in units of lr: 0 = 1 / (density x reselect); inf: none
+  bool rank_by_step = false;                // frozen_variance: rank by |r| / (sqrt(v) + eps), below
   IndexForm index_form = IndexForm::plain;  // how the reduce-scatter collectives send indices
   int probe_steps = 5;                      // auto: steps that time both exchanges
 };
@@ -143,6 +151,8 @@ class GradientExchanger final : public models::GradientExchange {
   bool ran_sparse_ = false, ran_dense_ = false;
   bool velocities_ = false;  // the last exchange left velocity increments (frozen_variance)
   ExchangeRecord record_;
+  const float* second_moment_ = nullptr;  // this exchange's, where rank_by_step
+  float eps_ = 0;
   int64_t step_ = 0;
   std::vector<double> probe_dense_ms_, probe_sparse_ms_;
   int chosen_ = -1;  // auto: -1 probing, 0 dense, 1 sparse

@@ -76,12 +76,19 @@ __device__ __forceinline__ int load_group(const T* __restrict__ gradient, float*
   return count;
 }
 
+// What the selection ranks: |x|, or with AdamW's frozen second moment v (layer-local pointer, or
+// null) the step x would take, |x| / (sqrt(v[i]) + eps). magnitude_bits_of drops the sign.
+__device__ __forceinline__ float score_of(float x, const float* __restrict__ v, int64_t i, float eps) {
+  return v == nullptr ? x : x / (sqrtf(v[i]) + eps);
+}
+
 // ---- CUDA kernels
 
 // One block per layer: the sample, its sort, k and the first candidates.
 template <class T>
 __global__ void __launch_bounds__(kSampleThreads)
     selection_sample_kernel(const T* __restrict__ gradient, const float* __restrict__ residual,
+                            const float* __restrict__ second_moment, float eps,
                             const LayerDescriptor* __restrict__ layers, ThresholdSearch* __restrict__ states,
                             double density) {
   constexpr int N = kSelectionSampleSize;
@@ -92,7 +99,8 @@ __global__ void __launch_bounds__(kSampleThreads)
   for (int j = threadIdx.x; j < N; j += blockDim.x) {
     if (j < m) {
       const int64_t i = layer.offset + static_cast<int64_t>(j) * n / m;
-      sample[j] = fabsf(residual[i] + kernels::to_float(gradient[i]));  // as the first count pass sums it
+      // As the first count pass sums it.
+      sample[j] = fabsf(score_of(residual[i] + kernels::to_float(gradient[i]), second_moment, i, eps));
     } else {
       sample[j] = -1.f;  // sorts below every magnitude
     }
@@ -124,6 +132,7 @@ __global__ void __launch_bounds__(kSampleThreads)
 template <class T, bool kAccumulate>
 __global__ void __launch_bounds__(kThreads)
     selection_count_kernel(const T* __restrict__ gradient, float* __restrict__ residual,
+                           const float* __restrict__ second_moment, float eps,
                            const LayerDescriptor* __restrict__ layers, const int* __restrict__ tile_layers,
                            ThresholdSearch* __restrict__ states, unsigned* __restrict__ tile_counts, bool aligned) {
   const int l = tile_layers[blockIdx.x];
@@ -143,11 +152,12 @@ __global__ void __launch_bounds__(kThreads)
   const bool vectorized = aligned && layer.offset % kGroup == 0;
   const T* g = gradient == nullptr ? nullptr : gradient + layer.offset;
   float* r = residual + layer.offset;
+  const float* v = second_moment == nullptr ? nullptr : second_moment + layer.offset;
   for (int64_t i = start + static_cast<int64_t>(threadIdx.x) * kGroup; i < end; i += kThreads * kGroup) {
     float x[kGroup];
     const int valid = load_group<T, kAccumulate>(g, r, i, end, vectorized, x);
     for (int e = 0; e < valid; ++e) {
-      const uint32_t bits = magnitude_bits_of(x[e]);
+      const uint32_t bits = magnitude_bits_of(score_of(x[e], v, i + e, eps));
 #pragma unroll
       for (int j = 0; j < kSelectionCandidates; ++j) counts[j] += bits >= c[j] ? 1u : 0u;
     }
@@ -197,10 +207,10 @@ __global__ void __launch_bounds__(kThreads)
 
 // One block per tile: the selected pairs in index order; sent entries leave the residual.
 __global__ void __launch_bounds__(kThreads)
-    selection_compact_kernel(float* __restrict__ residual, const LayerDescriptor* __restrict__ layers,
-                             const int* __restrict__ tile_layers, const ThresholdSearch* __restrict__ states,
-                             const unsigned* __restrict__ tile_offsets, int32_t* __restrict__ out_indices,
-                             float* __restrict__ out_values, bool aligned) {
+    selection_compact_kernel(float* __restrict__ residual, const float* __restrict__ second_moment, float eps,
+                             const LayerDescriptor* __restrict__ layers, const int* __restrict__ tile_layers,
+                             const ThresholdSearch* __restrict__ states, const unsigned* __restrict__ tile_offsets,
+                             int32_t* __restrict__ out_indices, float* __restrict__ out_values, bool aligned) {
   __shared__ unsigned warp_totals[kernels::kWarpSize];
   const int l = tile_layers[blockIdx.x];
   const uint32_t threshold = states[l].threshold_bits;
@@ -210,6 +220,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t end = min64(start + kSelectionTile, layer.size);
   const bool vectorized = aligned && layer.offset % kGroup == 0;
   float* r = residual + layer.offset;
+  const float* v = second_moment == nullptr ? nullptr : second_moment + layer.offset;
   int64_t next = layer.output_offset + tile_offsets[blockIdx.x];
   // Every thread runs the same number of steps: the scan inside needs the whole block.
   for (int64_t step = start; step < end; step += kThreads * kGroup) {
@@ -217,7 +228,8 @@ __global__ void __launch_bounds__(kThreads)
     float x[kGroup];
     const int valid = load_group<float, false>(nullptr, r, i, end, vectorized, x);
     unsigned flags = 0;
-    for (int e = 0; e < valid; ++e) flags |= (magnitude_bits_of(x[e]) >= threshold ? 1u : 0u) << e;
+    for (int e = 0; e < valid; ++e)
+      flags |= (magnitude_bits_of(score_of(x[e], v, i + e, eps)) >= threshold ? 1u : 0u) << e;
     unsigned total;
     const unsigned before = block_exclusive_scan(__popc(flags), warp_totals, total);
     int64_t out = next + before;
@@ -285,10 +297,12 @@ TopkSelection::~TopkSelection() {
 }
 
 void TopkSelection::select(const void* gradient, kernels::DType dtype, float* residual, double density,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, const float* second_moment, float eps) {
   if (!(density > 0 && density <= max_density_))
     throw std::invalid_argument("top-k selection: density " + std::to_string(density) + " outside (0, " +
                                 std::to_string(max_density_) + "]");
+  if (second_moment != nullptr && !(eps > 0 && std::isfinite(eps)))
+    throw std::invalid_argument("top-k selection: ranking by the step needs eps > 0, not " + std::to_string(eps));
   const auto* layers = static_cast<const LayerDescriptor*>(layer_table_);
   auto* states = static_cast<ThresholdSearch*>(states_);
   const int layer_count = static_cast<int>(layers_.size());
@@ -297,17 +311,18 @@ void TopkSelection::select(const void* gradient, kernels::DType dtype, float* re
   kernels::dispatch_dtype(dtype, "top-k selection", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* g = static_cast<const T*>(gradient);
-    selection_sample_kernel<T><<<layer_count, kSampleThreads, 0, stream>>>(g, residual, layers, states, density);
+    selection_sample_kernel<T>
+        <<<layer_count, kSampleThreads, 0, stream>>>(g, residual, second_moment, eps, layers, states, density);
     FUSEKIT_CUDA_CHECK(cudaGetLastError());
-    selection_count_kernel<T, true>
-        <<<tiles_, kThreads, 0, stream>>>(g, residual, layers, tile_layers_, states, tile_counts_, aligned);
+    selection_count_kernel<T, true><<<tiles_, kThreads, 0, stream>>>(g, residual, second_moment, eps, layers,
+                                                                     tile_layers_, states, tile_counts_, aligned);
     FUSEKIT_CUDA_CHECK(cudaGetLastError());
   });
   selection_decide_kernel<<<decide_blocks, kThreads, 0, stream>>>(states, layer_count, 0, kSelectionPasses == 1);
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
   for (int pass = 1; pass < kSelectionPasses; ++pass) {
-    selection_count_kernel<float, false>
-        <<<tiles_, kThreads, 0, stream>>>(nullptr, residual, layers, tile_layers_, states, tile_counts_, aligned);
+    selection_count_kernel<float, false><<<tiles_, kThreads, 0, stream>>>(nullptr, residual, second_moment, eps, layers,
+                                                                          tile_layers_, states, tile_counts_, aligned);
     FUSEKIT_CUDA_CHECK(cudaGetLastError());
     selection_decide_kernel<<<decide_blocks, kThreads, 0, stream>>>(states, layer_count, pass,
                                                                     pass == kSelectionPasses - 1);
@@ -315,8 +330,8 @@ void TopkSelection::select(const void* gradient, kernels::DType dtype, float* re
   }
   selection_scan_kernel<<<layer_count, kThreads, 0, stream>>>(layers, states, tile_counts_, tile_offsets_);
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
-  selection_compact_kernel<<<tiles_, kThreads, 0, stream>>>(residual, layers, tile_layers_, states, tile_offsets_,
-                                                            indices_, values_, aligned);
+  selection_compact_kernel<<<tiles_, kThreads, 0, stream>>>(residual, second_moment, eps, layers, tile_layers_, states,
+                                                            tile_offsets_, indices_, values_, aligned);
   FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -82,7 +82,13 @@ class TopkSelection {
 
   // residual += gradient, then the selection above at `density` (0 < density <= max_density).
   // `gradient` holds elements of `dtype`; both buffers cover every layer.
-  void select(const void* gradient, kernels::DType dtype, float* residual, double density, cudaStream_t stream);
+  // With `second_moment` (fp32, the same flat layout: AdamW's v, frozen) the selection ranks each
+  // entry by the step AdamW would take with it, |residual| / (sqrt(v) + eps) (eps > 0), instead of
+  // |residual|; the thresholds (LayerSelectionResult::threshold) are then of that score, and the
+  // values sent are still the residual's. Per layer a constant factor (the loss scale, AdamW's bias
+  // correction) does not change the ranking.
+  void select(const void* gradient, kernels::DType dtype, float* residual, double density, cudaStream_t stream,
+              const float* second_moment = nullptr, float eps = 0);
 
   size_t layers() const { return layers_.size(); }
   const LayerSpan& layer(size_t l) const { return layers_.at(l); }

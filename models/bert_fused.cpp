@@ -393,6 +393,8 @@ FlatGradients FusedBert::flat_gradients() const {
   g.dtype = config_.dtype;
   g.elements = trainer_->flat_elements();
   for (size_t t = 0; t < trainer_->tensors(); ++t) g.tensors.push_back({trainer_->offset(t), trainer_->size(t)});
+  g.second_moment = trainer_->exp_avg_sq();
+  g.eps = options_.eps;
   return g;
 }
 

@@ -27,6 +27,11 @@ struct FlatGradients {
     uint64_t size = 0;
   };
   std::vector<Span> tensors;  // the parameters' gradients, in the flat buffer's order
+  // AdamW's second moment v over the same flat layout (fp32, device) and its eps, where the model
+  // trains with AdamW: an exchange that sends AdamW's velocity with v frozen may rank entries by
+  // the step they would take (dp/gradient_exchanger.h's rank_by_step). Null where there is none.
+  const float* second_moment = nullptr;
+  double eps = 0;
 };
 
 class GradientExchange {

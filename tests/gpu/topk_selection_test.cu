@@ -134,6 +134,76 @@ INSTANTIATE_TEST_SUITE_P(Layers, TopkSelectionTest,
                                          Case{DType::bf16, 0.0001, true}, Case{DType::bf16, 0.01, false}),
                          case_name);
 
+// With AdamW's frozen second moment v the selection ranks by the step each entry would take,
+// |x| / (sqrt(v) + eps): exactly the host's float score set at the reported threshold (IEEE
+// division and square root on both sides), the values still the residual's, and a different set
+// from the plain |x| ranking where v varies over orders of magnitude (zeros included).
+TEST(TopkSelectionByStep, RanksByTheStepWithAFrozenSecondMoment) {
+  FUSEKIT_REQUIRE_GPU();
+  const std::vector<int64_t> sizes = {5, 4097, 65537, 300001};
+  std::vector<LayerSpan> layers;
+  int64_t elements = 0;
+  for (int64_t size : sizes) {
+    layers.push_back({elements, size});
+    elements += size;
+  }
+  const double density = 0.01;
+  const float eps = 1e-6f;
+  TopkSelection selection(layers, density);
+  std::mt19937 rng(77);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_real_distribution<float> uniform(0.f, 1.f);
+  std::vector<float> gradient(elements), v(elements);
+  for (int64_t i = 0; i < elements; ++i) {
+    gradient[i] = normal(rng) * 1e-3f;
+    v[i] = uniform(rng) < 0.01f ? 0.f : std::exp(3.f * normal(rng)) * 1e-8f;
+  }
+  Buffer gradient_device(elements, DType::f32);
+  std::vector<double> stored(gradient.begin(), gradient.end());
+  gradient_device.upload(stored);
+  float *residual = nullptr, *v_device = nullptr;
+  CHECK_CUDA(cudaMalloc(&residual, elements * sizeof(float)));
+  CHECK_CUDA(cudaMemset(residual, 0, elements * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&v_device, elements * sizeof(float)));
+  CHECK_CUDA(cudaMemcpy(v_device, v.data(), elements * sizeof(float), cudaMemcpyHostToDevice));
+  EXPECT_THROW(selection.select(gradient_device.get(), DType::f32, residual, density, nullptr, v_device, 0.f),
+               std::invalid_argument);
+  CHECK_CUDA(cudaMemset(const_cast<int32_t*>(selection.indices()), 0xFF, selection.output_capacity() * 4));
+  selection.select(gradient_device.get(), DType::f32, residual, density, nullptr, v_device, eps);
+  const std::vector<LayerSelectionResult> results = selection.results(nullptr);
+  CHECK_CUDA(cudaGetLastError());
+  std::vector<int32_t> indices(selection.output_capacity());
+  std::vector<float> values(selection.output_capacity()), new_residual(elements);
+  CHECK_CUDA(cudaMemcpy(indices.data(), selection.indices(), indices.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(values.data(), selection.values(), values.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(new_residual.data(), residual, elements * sizeof(float), cudaMemcpyDeviceToHost));
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const LayerSpan& layer = layers[l];
+    const LayerSelectionResult& r = results[l];
+    SCOPED_TRACE("layer " + std::to_string(l) + ", count " + std::to_string(r.count));
+    EXPECT_GE(r.count, selection_low(r.k));
+    EXPECT_LE(r.count, selection_cap(r.k));
+    std::vector<float> score(layer.size);
+    for (int64_t i = 0; i < layer.size; ++i) {
+      const int64_t f = layer.offset + i;
+      score[i] = std::fabs(gradient[f]) / (std::sqrt(v[f]) + eps);
+    }
+    const std::vector<uint32_t> expected = select_at_threshold(score.data(), layer.size, r.threshold);
+    ASSERT_EQ(static_cast<int64_t>(expected.size()), r.count);
+    for (int64_t j = 0; j < r.count; ++j) {
+      ASSERT_EQ(indices[r.output_offset + j], static_cast<int32_t>(expected[j])) << "entry " << j;
+      ASSERT_EQ(values[r.output_offset + j], gradient[layer.offset + expected[j]]) << "entry " << j;
+      ASSERT_EQ(new_residual[layer.offset + expected[j]], 0.f) << "entry " << j;
+    }
+    if (layer.size >= 4097) {
+      EXPECT_NE(exact_topk(gradient.data() + layer.offset, layer.size, static_cast<size_t>(r.count)), expected)
+          << "the ranking by the step chose what the plain ranking does";
+    }
+  }
+  cudaFree(residual);
+  cudaFree(v_device);
+}
+
 // Ties: a layer whose magnitudes are all equal cannot be cut inside the tolerance; the count stays
 // <= cap (here none is selected) and the set is still exactly {|x| >= t}.
 TEST(TopkSelectionTies, AllEqualMagnitudesNeverOverflow) {
