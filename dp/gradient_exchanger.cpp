@@ -2,6 +2,7 @@
 #include "dp/gradient_exchanger.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -120,6 +121,11 @@ GradientExchanger::GradientExchanger(Communicator& communicator, const models::F
   }
   if (options_.rank_by_step && !options_.frozen_variance) {
     throw std::invalid_argument("gradient exchange: ranking by the step needs the frozen variance (its v)");
+  }
+  if (options_.rank_by_step && options_.reselect < 1) {
+    throw std::invalid_argument(
+        "gradient exchange: ranking by the step does not go with re-selection (the slice owners keep the largest "
+        "sums, not the largest steps)");
   }
   if (options_.reselect < 1 && options_.collective == SparseCollectiveKind::allgather) {
     throw std::invalid_argument("gradient exchange: re-selection needs a reduce-scatter collective (balanced, equal)");
@@ -256,8 +262,11 @@ float GradientExchanger::exchange(const models::FlatGradients& gradients, cudaSt
       if (gradients.second_moment == nullptr || !(gradients.eps > 0)) {
         throw std::invalid_argument("gradient exchange: ranking by the step needs the model's AdamW second moment");
       }
+      // AdamW's denominator is sqrt(v) / sqrt(1 - beta2^T) + eps, T the AdamW steps (the dense ones):
+      // ranking by |r| / (sqrt(v) + eps sqrt(1 - beta2^T)) orders entries as their steps.
       second_moment_ = gradients.second_moment;
-      eps_ = static_cast<float>(gradients.eps);
+      eps_ = static_cast<float>(gradients.eps *
+                                std::sqrt(1 - std::pow(gradients.beta2, static_cast<double>(options_.dense_steps))));
     }
     run_sparse(gradients.data, gradients.data, density_of(step), stream);
     ran_sparse_ = true;

@@ -26,6 +26,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace fusekit::dp {
 namespace {
@@ -76,16 +77,22 @@ __device__ __forceinline__ int load_group(const T* __restrict__ gradient, float*
   return count;
 }
 
-// What the selection ranks: |x|, or with AdamW's frozen second moment v (layer-local pointer, or
-// null) the step x would take, |x| / (sqrt(v[i]) + eps). magnitude_bits_of drops the sign.
+// What the selection ranks: |x|, or with AdamW's frozen second moment v (kScored) the step x would
+// take, |x| / (sqrt(v[i]) + eps). magnitude_bits_of drops the sign. A template flag, so that the
+// plain selection compiles as it did without the option.
+template <bool kScored>
 __device__ __forceinline__ float score_of(float x, const float* __restrict__ v, int64_t i, float eps) {
-  return v == nullptr ? x : x / (sqrtf(v[i]) + eps);
+  if constexpr (kScored) {
+    return x / (sqrtf(v[i]) + eps);
+  } else {
+    return x;
+  }
 }
 
 // ---- CUDA kernels
 
 // One block per layer: the sample, its sort, k and the first candidates.
-template <class T>
+template <class T, bool kScored>
 __global__ void __launch_bounds__(kSampleThreads)
     selection_sample_kernel(const T* __restrict__ gradient, const float* __restrict__ residual,
                             const float* __restrict__ second_moment, float eps,
@@ -100,7 +107,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     if (j < m) {
       const int64_t i = layer.offset + static_cast<int64_t>(j) * n / m;
       // As the first count pass sums it.
-      sample[j] = fabsf(score_of(residual[i] + kernels::to_float(gradient[i]), second_moment, i, eps));
+      sample[j] = fabsf(score_of<kScored>(residual[i] + kernels::to_float(gradient[i]), second_moment, i, eps));
     } else {
       sample[j] = -1.f;  // sorts below every magnitude
     }
@@ -129,7 +136,7 @@ __global__ void __launch_bounds__(kSampleThreads)
 }
 
 // One block per tile: counts of |x| >= each candidate, per tile and added to the layer's.
-template <class T, bool kAccumulate>
+template <class T, bool kAccumulate, bool kScored>
 __global__ void __launch_bounds__(kThreads)
     selection_count_kernel(const T* __restrict__ gradient, float* __restrict__ residual,
                            const float* __restrict__ second_moment, float eps,
@@ -157,7 +164,7 @@ __global__ void __launch_bounds__(kThreads)
     float x[kGroup];
     const int valid = load_group<T, kAccumulate>(g, r, i, end, vectorized, x);
     for (int e = 0; e < valid; ++e) {
-      const uint32_t bits = magnitude_bits_of(score_of(x[e], v, i + e, eps));
+      const uint32_t bits = magnitude_bits_of(score_of<kScored>(x[e], v, i + e, eps));
 #pragma unroll
       for (int j = 0; j < kSelectionCandidates; ++j) counts[j] += bits >= c[j] ? 1u : 0u;
     }
@@ -165,10 +172,10 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x % kernels::kWarpSize, warp = threadIdx.x / kernels::kWarpSize;
 #pragma unroll
   for (int j = 0; j < kSelectionCandidates; ++j) {
-    unsigned v = counts[j];
+    unsigned n = counts[j];
 #pragma unroll
-    for (int o = kernels::kWarpSize / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) warp_counts[warp][j] = v;
+    for (int o = kernels::kWarpSize / 2; o > 0; o /= 2) n += __shfl_xor_sync(0xffffffffu, n, o);
+    if (lane == 0) warp_counts[warp][j] = n;
   }
   __syncthreads();
   if (threadIdx.x < kSelectionCandidates) {
@@ -206,6 +213,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // One block per tile: the selected pairs in index order; sent entries leave the residual.
+template <bool kScored>
 __global__ void __launch_bounds__(kThreads)
     selection_compact_kernel(float* __restrict__ residual, const float* __restrict__ second_moment, float eps,
                              const LayerDescriptor* __restrict__ layers, const int* __restrict__ tile_layers,
@@ -229,7 +237,7 @@ __global__ void __launch_bounds__(kThreads)
     const int valid = load_group<float, false>(nullptr, r, i, end, vectorized, x);
     unsigned flags = 0;
     for (int e = 0; e < valid; ++e)
-      flags |= (magnitude_bits_of(score_of(x[e], v, i + e, eps)) >= threshold ? 1u : 0u) << e;
+      flags |= (magnitude_bits_of(score_of<kScored>(x[e], v, i + e, eps)) >= threshold ? 1u : 0u) << e;
     unsigned total;
     const unsigned before = block_exclusive_scan(__popc(flags), warp_totals, total);
     int64_t out = next + before;
@@ -308,31 +316,39 @@ void TopkSelection::select(const void* gradient, kernels::DType dtype, float* re
   const int layer_count = static_cast<int>(layers_.size());
   const bool aligned = kernels::aligned16(gradient) && kernels::aligned16(residual);
   const int decide_blocks = kernels::ceil_div(layer_count, kThreads);
-  kernels::dispatch_dtype(dtype, "top-k selection", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T* g = static_cast<const T*>(gradient);
-    selection_sample_kernel<T>
-        <<<layer_count, kSampleThreads, 0, stream>>>(g, residual, second_moment, eps, layers, states, density);
+  const auto run = [&](auto scored) {
+    constexpr bool kScored = decltype(scored)::value;
+    kernels::dispatch_dtype(dtype, "top-k selection", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T* g = static_cast<const T*>(gradient);
+      selection_sample_kernel<T, kScored>
+          <<<layer_count, kSampleThreads, 0, stream>>>(g, residual, second_moment, eps, layers, states, density);
+      FUSEKIT_CUDA_CHECK(cudaGetLastError());
+      selection_count_kernel<T, true, kScored><<<tiles_, kThreads, 0, stream>>>(
+          g, residual, second_moment, eps, layers, tile_layers_, states, tile_counts_, aligned);
+      FUSEKIT_CUDA_CHECK(cudaGetLastError());
+    });
+    selection_decide_kernel<<<decide_blocks, kThreads, 0, stream>>>(states, layer_count, 0, kSelectionPasses == 1);
     FUSEKIT_CUDA_CHECK(cudaGetLastError());
-    selection_count_kernel<T, true><<<tiles_, kThreads, 0, stream>>>(g, residual, second_moment, eps, layers,
-                                                                     tile_layers_, states, tile_counts_, aligned);
+    for (int pass = 1; pass < kSelectionPasses; ++pass) {
+      selection_count_kernel<float, false, kScored><<<tiles_, kThreads, 0, stream>>>(
+          nullptr, residual, second_moment, eps, layers, tile_layers_, states, tile_counts_, aligned);
+      FUSEKIT_CUDA_CHECK(cudaGetLastError());
+      selection_decide_kernel<<<decide_blocks, kThreads, 0, stream>>>(states, layer_count, pass,
+                                                                      pass == kSelectionPasses - 1);
+      FUSEKIT_CUDA_CHECK(cudaGetLastError());
+    }
+    selection_scan_kernel<<<layer_count, kThreads, 0, stream>>>(layers, states, tile_counts_, tile_offsets_);
     FUSEKIT_CUDA_CHECK(cudaGetLastError());
-  });
-  selection_decide_kernel<<<decide_blocks, kThreads, 0, stream>>>(states, layer_count, 0, kSelectionPasses == 1);
-  FUSEKIT_CUDA_CHECK(cudaGetLastError());
-  for (int pass = 1; pass < kSelectionPasses; ++pass) {
-    selection_count_kernel<float, false><<<tiles_, kThreads, 0, stream>>>(nullptr, residual, second_moment, eps, layers,
-                                                                          tile_layers_, states, tile_counts_, aligned);
+    selection_compact_kernel<kScored><<<tiles_, kThreads, 0, stream>>>(
+        residual, second_moment, eps, layers, tile_layers_, states, tile_offsets_, indices_, values_, aligned);
     FUSEKIT_CUDA_CHECK(cudaGetLastError());
-    selection_decide_kernel<<<decide_blocks, kThreads, 0, stream>>>(states, layer_count, pass,
-                                                                    pass == kSelectionPasses - 1);
-    FUSEKIT_CUDA_CHECK(cudaGetLastError());
+  };
+  if (second_moment != nullptr) {
+    run(std::true_type{});
+  } else {
+    run(std::false_type{});
   }
-  selection_scan_kernel<<<layer_count, kThreads, 0, stream>>>(layers, states, tile_counts_, tile_offsets_);
-  FUSEKIT_CUDA_CHECK(cudaGetLastError());
-  selection_compact_kernel<<<tiles_, kThreads, 0, stream>>>(residual, second_moment, eps, layers, tile_layers_, states,
-                                                            tile_offsets_, indices_, values_, aligned);
-  FUSEKIT_CUDA_CHECK(cudaGetLastError());
 }
 
 std::vector<LayerSelectionResult> TopkSelection::results(cudaStream_t stream) const {

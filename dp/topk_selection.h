@@ -85,8 +85,10 @@ class TopkSelection {
   // With `second_moment` (fp32, the same flat layout: AdamW's v, frozen) the selection ranks each
   // entry by the step AdamW would take with it, |residual| / (sqrt(v) + eps) (eps > 0), instead of
   // |residual|; the thresholds (LayerSelectionResult::threshold) are then of that score, and the
-  // values sent are still the residual's. Per layer a constant factor (the loss scale, AdamW's bias
-  // correction) does not change the ranking.
+  // values sent are still the residual's. Per layer a constant factor of the residual (the loss
+  // scale) does not change the ranking; AdamW's bias correction of v goes into eps (the caller's).
+  // The score ignores the frozen step's cap (kernels/adamw.h), so coordinates whose v is about zero
+  // (rows the dense steps never touched) rank first: their step, capped, is still the largest.
   void select(const void* gradient, kernels::DType dtype, float* residual, double density, cudaStream_t stream,
               const float* second_moment = nullptr, float eps = 0);
 

@@ -395,6 +395,7 @@ FlatGradients FusedBert::flat_gradients() const {
   for (size_t t = 0; t < trainer_->tensors(); ++t) g.tensors.push_back({trainer_->offset(t), trainer_->size(t)});
   g.second_moment = trainer_->exp_avg_sq();
   g.eps = options_.eps;
+  g.beta2 = options_.beta2;
   return g;
 }
 

@@ -32,6 +32,7 @@ struct FlatGradients {
   // the step they would take (dp/gradient_exchanger.h's rank_by_step). Null where there is none.
   const float* second_moment = nullptr;
   double eps = 0;
+  double beta2 = 0;  // AdamW's, for the bias correction of v
 };
 
 class GradientExchange {

@@ -138,9 +138,12 @@ INSTANTIATE_TEST_SUITE_P(Layers, TopkSelectionTest,
 // |x| / (sqrt(v) + eps): exactly the host's float score set at the reported threshold (IEEE
 // division and square root on both sides), the values still the residual's, and a different set
 // from the plain |x| ranking where v varies over orders of magnitude (zeros included).
-TEST(TopkSelectionByStep, RanksByTheStepWithAFrozenSecondMoment) {
+class TopkSelectionByStep : public testing::TestWithParam<bool> {};  // aligned offsets (the vector path)
+
+TEST_P(TopkSelectionByStep, RanksByTheStepWithAFrozenSecondMoment) {
   FUSEKIT_REQUIRE_GPU();
-  const std::vector<int64_t> sizes = {5, 4097, 65537, 300001};
+  const std::vector<int64_t> sizes =
+      GetParam() ? std::vector<int64_t>{8, 4096, 65536, 300000} : std::vector<int64_t>{5, 4097, 65537, 300001};
   std::vector<LayerSpan> layers;
   int64_t elements = 0;
   for (int64_t size : sizes) {
@@ -203,6 +206,9 @@ TEST(TopkSelectionByStep, RanksByTheStepWithAFrozenSecondMoment) {
   cudaFree(residual);
   cudaFree(v_device);
 }
+
+INSTANTIATE_TEST_SUITE_P(Offsets, TopkSelectionByStep, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& info) { return info.param ? "aligned" : "packed"; });
 
 // Ties: a layer whose magnitudes are all equal cannot be cut inside the tolerance; the count stays
 // <= cap (here none is selected) and the set is still exactly {|x| >= t}.
