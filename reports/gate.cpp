@@ -286,7 +286,7 @@ GateResult run_gate(const std::vector<CaseResult>& baseline, const std::vector<C
     if (found == candidate_index.end()) {
       if (!base.info.op.empty() && !candidate_ops.count(base.info.op)) {
         ++result.unmeasured_operators[base.info.op];
-      } else if (!candidate_variants.count(base.info.variant)) {
+      } else if (!candidate_variants.count(base.info.variant) && !is_fusekit_variant(base.info.variant)) {
         ++result.unmeasured_variants[base.info.variant];
       } else {
         result.only_in_baseline.push_back(describe(key));

@@ -89,7 +89,7 @@ struct GateResult {
   // `bench --ops`): counted per operator rather than listed one by one.
   std::map<std::string, size_t> unmeasured_operators;  // operator -> cases
   // Likewise the cases of the timed operators in variants the candidate ran in no case (the peers,
-  // which a gate run without --peers does not time).
+  // which a gate run without --peers does not time); a fused variant that vanished stays listed.
   std::map<std::string, size_t> unmeasured_variants;  // variant -> cases
   // Per row (same order) when the kernels were gated (gate_kernels); empty otherwise.
   std::vector<CaseKernelGate> kernels;
