@@ -43,15 +43,47 @@ std::string csv_line(const std::vector<std::string>& cells) {
 }  // namespace
 
 std::string cases_csv(const RunReport& report) {
-  std::string out =
-      csv_line({"run_id", "name", "op", "shape", "dtype", "variant", "samples", "median_us", "q1_us", "q3_us", "min_us",
-                "max_us", "speedup", "bytes", "bandwidth_GBps", "bandwidth_percent", "flops", "tflops"});
+  std::string out = csv_line({"run_id",
+                              "name",
+                              "op",
+                              "shape",
+                              "dtype",
+                              "variant",
+                              "samples",
+                              "median_us",
+                              "q1_us",
+                              "q3_us",
+                              "min_us",
+                              "max_us",
+                              "speedup",
+                              "bytes",
+                              "bandwidth_GBps",
+                              "bandwidth_percent",
+                              "flops",
+                              "tflops",
+                              "peak_memory_mib",
+                              "items_per_second"});
   for (const CaseResult& c : report.cases) {
-    out += csv_line({std::to_string(report.run.id), c.info.name, c.info.op, c.info.shape, c.info.dtype, c.info.variant,
-                     std::to_string(c.samples_ns.size()), fixed(c.median_ns / 1e3, 3), fixed(c.q1_ns / 1e3, 3),
-                     fixed(c.q3_ns / 1e3, 3), fixed(c.min_ns / 1e3, 3), fixed(c.max_ns / 1e3, 3), fixed(c.speedup, 4),
-                     fixed(c.info.bytes, 0), fixed(c.bandwidth_bytes_per_s, 3, 1e-9), fixed(c.bandwidth_percent, 1),
-                     fixed(c.info.flops, 0), fixed(c.flops_per_s, 4, 1e-12)});
+    out += csv_line({std::to_string(report.run.id),
+                     c.info.name,
+                     c.info.op,
+                     c.info.shape,
+                     c.info.dtype,
+                     c.info.variant,
+                     std::to_string(c.samples_ns.size()),
+                     fixed(c.median_ns / 1e3, 3),
+                     fixed(c.q1_ns / 1e3, 3),
+                     fixed(c.q3_ns / 1e3, 3),
+                     fixed(c.min_ns / 1e3, 3),
+                     fixed(c.max_ns / 1e3, 3),
+                     fixed(c.speedup, 4),
+                     fixed(c.info.bytes, 0),
+                     fixed(c.bandwidth_bytes_per_s, 3, 1e-9),
+                     fixed(c.bandwidth_percent, 1),
+                     fixed(c.info.flops, 0),
+                     fixed(c.flops_per_s, 4, 1e-12),
+                     fixed(case_metric(c, "peak_memory_bytes"), 0, 1.0 / (1 << 20)),
+                     fixed(items_per_second(c), 1)});
   }
   return out;
 }

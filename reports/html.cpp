@@ -252,10 +252,12 @@ std::string history_json(const OperatorGroup& g, const History& history, std::ve
 }
 
 std::string operator_table(const OperatorGroup& g, size_t first_case) {
-  bool any_percent = false, any_flops = false;
+  bool any_percent = false, any_flops = false, any_memory = false, any_throughput = false;
   for (const CaseRow& row : g.rows) {
     any_percent = any_percent || (row.fused && row.fused->bandwidth_percent);
     any_flops = any_flops || (row.fused && row.fused->flops_per_s);
+    any_throughput = any_throughput || (row.fused && items_per_second(*row.fused));
+    for (const auto& [variant, c] : row.variants) any_memory = any_memory || case_metric(*c, "peak_memory_bytes");
   }
   const bool any_fused = std::any_of(g.rows.begin(), g.rows.end(), [](const CaseRow& r) { return r.fused; });
   std::string out = "<div class=\"scroll\"><table class=\"sortable cases\">\n<thead><tr>" + header("Case", "", false);
@@ -266,6 +268,8 @@ std::string operator_table(const OperatorGroup& g, size_t first_case) {
   }
   if (any_percent) out += header("% of copy ceiling", "fused", true);
   if (any_flops) out += header("TFLOP/s", "fused", true);
+  if (any_throughput) out += header("Items/s", "fused: sequences or images a second", true);
+  if (any_memory) out += header("Peak memory (MiB)", "fused; baseline", true);
   out += "</tr></thead>\n<tbody>\n";
   for (size_t r = 0; r < g.rows.size(); ++r) {
     const CaseRow& row = g.rows[r];
@@ -292,6 +296,22 @@ std::string operator_table(const OperatorGroup& g, size_t first_case) {
     if (any_flops) {
       const auto f = row.fused ? row.fused->flops_per_s : std::nullopt;
       out += number_cell(f ? std::optional<double>(*f * 1e-12) : std::nullopt, f ? fixed(*f * 1e-12, 2) : "");
+    }
+    if (any_throughput) {
+      // (value_or: GCC 12 takes the optional's payload for uninitialized under -Werror)
+      const double t = row.fused ? items_per_second(*row.fused).value_or(NAN) : NAN;
+      out +=
+          number_cell(std::isfinite(t) ? std::optional<double>(t) : std::nullopt, std::isfinite(t) ? fixed(t, 0) : "");
+    }
+    if (any_memory) {
+      const auto mib = [&](const char* variant) -> std::optional<double> {
+        const auto it = row.variants.find(variant);
+        if (it == row.variants.end()) return std::nullopt;
+        const auto bytes = case_metric(*it->second, "peak_memory_bytes");
+        return bytes ? std::optional<double>(*bytes / (1 << 20)) : std::nullopt;
+      };
+      const auto fused = mib("fused"), baseline = mib("baseline");
+      out += number_cell(fused, fused ? fixed(*fused, 0) : "", baseline ? fixed(*baseline, 0) : "");
     }
     out += "</tr>\n";
   }

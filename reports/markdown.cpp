@@ -117,9 +117,16 @@ ReportTable case_table(const RunReport& report) {
   const bool any_memory = std::any_of(report.cases.begin(), report.cases.end(), [](const CaseResult& c) {
     return case_metric(c, "peak_memory_bytes").has_value();
   });
+  // Training steps: items (sequences or images) a second, from the batch in the case's shape.
+  const bool any_throughput = std::any_of(report.cases.begin(), report.cases.end(),
+                                          [](const CaseResult& c) { return items_per_second(c).has_value(); });
   if (any_memory) {
     t.header.insert(t.header.begin() + 7, "Peak memory (MiB)");
     t.text_from = 8;
+  }
+  if (any_throughput) {
+    t.header.insert(t.header.begin() + t.text_from, "Items/s");
+    ++t.text_from;
   }
   for (const CaseResult& c : report.cases) {
     t.rows.push_back({format_microseconds(c.median_ns),
@@ -131,6 +138,8 @@ ReportTable case_table(const RunReport& report) {
       t.rows.back().insert(t.rows.back().begin() + 7,
                            optional(case_metric(c, "peak_memory_bytes"), 1.0 / (1 << 20), 0));
     }
+    if (any_throughput)
+      t.rows.back().insert(t.rows.back().begin() + t.text_from - 1, optional(items_per_second(c), 1, 1));
   }
   return t;
 }

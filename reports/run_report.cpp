@@ -1,5 +1,7 @@
 #include "reports/run_report.h"
 
+#include <cctype>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -40,6 +42,27 @@ std::optional<double> case_metric(const CaseResult& c, const std::string& name) 
     if (m.name == name) return m.value;
   }
   return std::nullopt;
+}
+
+std::optional<int64_t> step_batch(const store::CaseInfo& info) {
+  const std::string suffix = "_step";
+  if (info.op.size() < suffix.size() || info.op.compare(info.op.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return std::nullopt;
+  for (size_t at = info.shape.find(':'); at != std::string::npos; at = info.shape.find(':', at + 1)) {
+    if (at + 2 > info.shape.size() || info.shape[at + 1] != 'b') continue;
+    size_t end = at + 2;
+    while (end < info.shape.size() && std::isdigit(static_cast<unsigned char>(info.shape[end]))) ++end;
+    if (end == at + 2 || (end < info.shape.size() && info.shape[end] != ':') || end - at - 2 > 9) continue;
+    const int64_t batch = std::stoll(info.shape.substr(at + 2, end - at - 2));
+    if (batch > 0) return batch;
+  }
+  return std::nullopt;
+}
+
+std::optional<double> items_per_second(const CaseResult& c) {
+  const std::optional<int64_t> batch = step_batch(c.info);
+  if (!batch || !(c.median_ns > 0)) return std::nullopt;
+  return static_cast<double>(*batch) * 1e9 / c.median_ns;
 }
 
 RunReport load_run_report(const store::Store& store, int64_t run, const ReportOptions& options) {

@@ -51,6 +51,13 @@ struct CaseResult {
 // The case's metric of this name ("peak_memory_bytes"), if it has one.
 std::optional<double> case_metric(const CaseResult& c, const std::string& name);
 
+// A training step's batch (sequences for BERT, images for Swin): the ":b<N>" field of the shape of
+// a case whose operator ends in "_step" (suites/ops/bert_step.cpp, swin_step.cpp); none otherwise
+// (a shape that leaves the batch to its preset included).
+std::optional<int64_t> step_batch(const store::CaseInfo& info);
+// Items (sequences or images) trained per second by the median step: batch x 1e9 / median_ns.
+std::optional<double> items_per_second(const CaseResult& c);
+
 // What a case's traced repetitions ran: the instances of its range "<name> [<variant>]".
 struct CaseBreakdown {
   std::string name;

@@ -24,7 +24,8 @@ COMMA_CASE = 'attn, "windowed" 7x7 | mask'
 CASES, KERNELS = 4, 24
 CASE_NAMES = 2  # the cases' distinct names: a row each in the HTML
 CASE_COLUMNS = ["run_id", "name", "op", "shape", "dtype", "variant", "samples", "median_us", "q1_us", "q3_us",
-                "min_us", "max_us", "speedup", "bytes", "bandwidth_GBps", "bandwidth_percent", "flops", "tflops"]
+                "min_us", "max_us", "speedup", "bytes", "bandwidth_GBps", "bandwidth_percent", "flops", "tflops",
+                "peak_memory_mib", "items_per_second"]
 KERNEL_COLUMNS = ["Time (%)", "Total Time (ns)", "Instances", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)",
                   "StdDev (ns)", "Name"]
 

@@ -7,9 +7,11 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "reports/chartjs.h"
@@ -353,17 +355,97 @@ RunReport make_empty_report() {
   return r;
 }
 
+// ---- Training steps: throughput from the batch in the shape, peak memory from the case metric
+
+TEST(StepCases, BatchFromTheShapeOfStepOperatorsOnly) {
+  store::CaseInfo info;
+  info.op = "bert_step";
+  info.shape = "bert-base:b64:s128";
+  EXPECT_EQ(step_batch(info), 64);
+  info.shape = "swin-t:b128";
+  EXPECT_EQ(step_batch(info), 128);
+  info.shape = "bert-large:s512:b8";
+  EXPECT_EQ(step_batch(info), 8);
+  info.shape = "bert-base";  // the preset's batch: not known here
+  EXPECT_EQ(step_batch(info), std::nullopt);
+  info.shape = "bert-base:bx:s128";
+  EXPECT_EQ(step_batch(info), std::nullopt);
+  info.shape = "bert-base:b0";
+  EXPECT_EQ(step_batch(info), std::nullopt);
+  info.shape = "bert-base:b12x";
+  EXPECT_EQ(step_batch(info), std::nullopt);
+  info.op = "layernorm";  // not a step: a ":b" field means something else, if anything
+  info.shape = "8192x768:b64";
+  EXPECT_EQ(step_batch(info), std::nullopt);
+
+  CaseResult c;
+  c.info.op = "swin_step";
+  c.info.shape = "swin-t:b128";
+  c.median_ns = 20e6;  // 20 ms a step of 128 images
+  EXPECT_DOUBLE_EQ(*items_per_second(c), 6400.0);
+  c.median_ns = NAN;  // not measured
+  EXPECT_EQ(items_per_second(c), std::nullopt);
+}
+
+TEST(StepCases, CsvMarkdownAndHtmlShowThroughputAndPeakMemory) {
+  RunReport r;
+  r.run.id = 3;
+  for (const auto& [variant, median, mib] :
+       {std::tuple{"fused", 12.5e6, 4434.0}, std::tuple{"baseline", 34.6e6, 8876.0},
+        std::tuple{"peer:eager", 49.1e6, 7722.0}}) {
+    CaseResult c;
+    c.info.name = "bert_step/bert-base:b64:s128/fp16/fwd";
+    c.info.op = "bert_step";
+    c.info.shape = "bert-base:b64:s128";
+    c.info.dtype = "fp16";
+    c.info.variant = variant;
+    c.samples_ns = {median};
+    c.median_ns = c.q1_ns = c.q3_ns = c.min_ns = c.max_ns = median;
+    c.metrics = {{"peak_memory_bytes", mib * (1 << 20)}};
+    r.cases.push_back(c);
+  }
+  const auto rows = parse_csv(cases_csv(r));
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[1][18], "4434");
+  EXPECT_EQ(rows[1][19], "5120.0");  // 64 sequences in 12.5 ms
+  EXPECT_EQ(rows[2][18], "8876");
+  const std::string markdown = report_markdown(r);
+  EXPECT_NE(markdown.find("| Peak memory (MiB) | Items/s | Variant | Case |"), std::string::npos) << markdown;
+  EXPECT_NE(markdown.find("| 4434 | 5120.0 | fused |"), std::string::npos) << markdown;
+  const std::string html = report_html(r);
+  EXPECT_NE(html.find("Items/s"), std::string::npos);
+  EXPECT_NE(html.find(">5120<"), std::string::npos);
+  EXPECT_NE(html.find(">4434<small>8876</small>"), std::string::npos);
+}
+
 // ---- CSV
 
 TEST(CasesCsv, ReadsBackCellForCell) {
   const RunReport r = make_report();
   const auto rows = parse_csv(cases_csv(r));
   ASSERT_EQ(rows.size(), 1 + r.cases.size());
-  EXPECT_EQ(rows[0], (std::vector<std::string>{"run_id", "name", "op", "shape", "dtype", "variant", "samples",
-                                               "median_us", "q1_us", "q3_us", "min_us", "max_us", "speedup", "bytes",
-                                               "bandwidth_GBps", "bandwidth_percent", "flops", "tflops"}));
+  EXPECT_EQ(rows[0], (std::vector<std::string>{"run_id",
+                                               "name",
+                                               "op",
+                                               "shape",
+                                               "dtype",
+                                               "variant",
+                                               "samples",
+                                               "median_us",
+                                               "q1_us",
+                                               "q3_us",
+                                               "min_us",
+                                               "max_us",
+                                               "speedup",
+                                               "bytes",
+                                               "bandwidth_GBps",
+                                               "bandwidth_percent",
+                                               "flops",
+                                               "tflops",
+                                               "peak_memory_mib",
+                                               "items_per_second"}));
   for (size_t i = 0; i < r.cases.size(); ++i) {
-    ASSERT_EQ(rows[i + 1].size(), 18u) << i;
+    ASSERT_EQ(rows[i + 1].size(), 20u) << i;
     EXPECT_EQ(rows[i + 1][0], "7");
     EXPECT_EQ(rows[i + 1][1], r.cases[i].info.name);
     EXPECT_EQ(rows[i + 1][5], r.cases[i].info.variant);
