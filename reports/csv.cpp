@@ -82,7 +82,7 @@ std::string cases_csv(const RunReport& report) {
                      fixed(c.bandwidth_percent, 1),
                      fixed(c.info.flops, 0),
                      fixed(c.flops_per_s, 4, 1e-12),
-                     fixed(case_metric(c, "peak_memory_bytes"), 0, 1.0 / (1 << 20)),
+                     fixed(peak_memory_mib(c), 0),
                      fixed(items_per_second(c), 1)});
   }
   return out;

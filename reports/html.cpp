@@ -257,7 +257,7 @@ std::string operator_table(const OperatorGroup& g, size_t first_case) {
     any_percent = any_percent || (row.fused && row.fused->bandwidth_percent);
     any_flops = any_flops || (row.fused && row.fused->flops_per_s);
     any_throughput = any_throughput || (row.fused && items_per_second(*row.fused));
-    for (const auto& [variant, c] : row.variants) any_memory = any_memory || case_metric(*c, "peak_memory_bytes");
+    for (const auto& [variant, c] : row.variants) any_memory = any_memory || peak_memory_mib(*c);
   }
   const bool any_fused = std::any_of(g.rows.begin(), g.rows.end(), [](const CaseRow& r) { return r.fused; });
   std::string out = "<div class=\"scroll\"><table class=\"sortable cases\">\n<thead><tr>" + header("Case", "", false);
@@ -306,9 +306,7 @@ std::string operator_table(const OperatorGroup& g, size_t first_case) {
     if (any_memory) {
       const auto mib = [&](const char* variant) -> std::optional<double> {
         const auto it = row.variants.find(variant);
-        if (it == row.variants.end()) return std::nullopt;
-        const auto bytes = case_metric(*it->second, "peak_memory_bytes");
-        return bytes ? std::optional<double>(*bytes / (1 << 20)) : std::nullopt;
+        return it == row.variants.end() ? std::nullopt : peak_memory_mib(*it->second);
       };
       const auto fused = mib("fused"), baseline = mib("baseline");
       out += number_cell(fused, fused ? fixed(*fused, 0) : "", baseline ? fixed(*baseline, 0) : "");

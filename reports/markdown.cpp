@@ -135,8 +135,7 @@ ReportTable case_table(const RunReport& report) {
                       optional(c.bandwidth_bytes_per_s, 1e-9, 1), optional(c.bandwidth_percent, 1, 1),
                       optional(c.flops_per_s, 1e-12, 2), c.info.variant, c.info.name});
     if (any_memory) {
-      t.rows.back().insert(t.rows.back().begin() + 7,
-                           optional(case_metric(c, "peak_memory_bytes"), 1.0 / (1 << 20), 0));
+      t.rows.back().insert(t.rows.back().begin() + 7, optional(peak_memory_mib(c), 1, 0));
     }
     if (any_throughput)
       t.rows.back().insert(t.rows.back().begin() + t.text_from - 1, optional(items_per_second(c), 1, 1));

@@ -65,6 +65,11 @@ std::optional<double> items_per_second(const CaseResult& c) {
   return static_cast<double>(*batch) * 1e9 / c.median_ns;
 }
 
+std::optional<double> peak_memory_mib(const CaseResult& c) {
+  const std::optional<double> bytes = case_metric(c, "peak_memory_bytes");
+  return bytes ? std::optional<double>(*bytes / (1 << 20)) : std::nullopt;
+}
+
 RunReport load_run_report(const store::Store& store, int64_t run, const ReportOptions& options) {
   using profiler::RangeProjection;
   RunReport report;

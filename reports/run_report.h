@@ -57,6 +57,8 @@ std::optional<double> case_metric(const CaseResult& c, const std::string& name);
 std::optional<int64_t> step_batch(const store::CaseInfo& info);
 // Items (sequences or images) trained per second by the median step: batch x 1e9 / median_ns.
 std::optional<double> items_per_second(const CaseResult& c);
+// The case's "peak_memory_bytes" in MiB, if it has one (the models suite's steps).
+std::optional<double> peak_memory_mib(const CaseResult& c);
 
 // What a case's traced repetitions ran: the instances of its range "<name> [<variant>]".
 struct CaseBreakdown {
