@@ -81,6 +81,8 @@ def name(record):
                 last = record.get("frozen_max_step_last")
                 text += (", step uncapped" if cap < 0 else f", step cap {cap:g} lr" if cap > 0
                          else ", step cap 1/(density x keep) lr" + (f" ({last:g})" if last and last > 0 else ""))
+            if record.get("rank_by_step"):  # --rank-by-step: selected by |r| / (sqrt(v) + eps), not |r|
+                text += ", ranked by step"
         elif record.get("momentum", 0) > 0:
             text += f", momentum {record['momentum']:g}"
         if record.get("dense_steps", 0) > 0 and not record.get("frozen_variance"):

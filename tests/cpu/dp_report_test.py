@@ -76,6 +76,17 @@ class DpReportTest(DpReportBase):
         self.assertIn("| 2.00x | 4.0x |", sparse_b[0])
         self.assertIn("+10.00% (ba) |", sparse_b[0])
 
+    def test_a_run_ranked_by_step_is_named_apart_from_the_plain_ranking(self):
+        frozen = {"frozen_variance": True, "dense_steps": 60, "frozen_max_step": 0}
+        a = write_batch(self.root, "ba", [record("dense", 100.0, 90.0, [10.0] * 10),
+                                          record("sparse", 20.0, 9.0, [10.4] * 10, extra=dict(frozen)),
+                                          record("sparse", 21.0, 9.0, [10.2] * 10,
+                                                 extra=dict(frozen, rank_by_step=True))])
+        runs = [r.split(" | ")[5] for r in self.rows(self.report(a))]
+        ranked = [run for run in runs if run.endswith(", ranked by step")]
+        self.assertEqual(len(ranked), 1)
+        self.assertEqual(len(set(runs)), 3)
+
     def test_the_json_reads_back_as_a_source_and_batch_names_do_not_collide(self):
         a = write_batch(self.root, "ba", [record("dense", 100.0, 90.0, [10.0] * 10)])
         self.report(a)
