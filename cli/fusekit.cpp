@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   bench_cmd
       ->add_option("--ops", bench_options.ops,
                    "With --suite: only these operators (comma-separated); NAME:DTYPE runs one in that dtype only, "
-                   "e.g. --suite models --ops bert_step,swin_step:fp16")
+                   "NAME@SHAPE at that shape only, e.g. --suite models --ops bert_step,swin_step:fp16@swin-t:b128")
       ->delimiter(',');
   bench_cmd
       ->add_option("--peers", bench_options.peers,
@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
   cases_cmd->add_flag("--backward", cases_options.backward, "With --op: forward + backward");
   cases_cmd
       ->add_option("--ops", cases_options.ops,
-                   "With --suite: only these operators (comma-separated); NAME:DTYPE: that dtype only")
+                   "With --suite: only these operators (comma-separated); NAME:DTYPE: that dtype only; "
+                   "NAME@SHAPE: that shape only")
       ->delimiter(',');
   cases_cmd->add_option("-o,--output", cases_options.output, "Output file (default: standard output)");
 

@@ -93,54 +93,72 @@ void for_each_selected_case(const OpsRequest& request, Visit visit) {
   if (std::find(op_suites().begin(), op_suites().end(), request.suite) == op_suites().end()) {
     throw std::invalid_argument("unknown operator suite '" + request.suite + "'");
   }
-  // --ops entries: NAME (the operator in the suite's dtypes, or --dtype's) or NAME:DTYPE (in that
-  // dtype only; an operator named twice runs in each dtype it is named with).
-  std::vector<std::pair<std::string, std::optional<kernels::DType>>> selected;
+  // --ops entries: NAME[:DTYPE][@SHAPE]. NAME alone: the operator in the suite's dtypes (or
+  // --dtype's) at all its shapes; :DTYPE: in that dtype only; @SHAPE: at that shape only (one of the
+  // suite's, e.g. bert_step@bert-base:b64:s128). An operator named twice runs what each entry asks.
+  struct Selection {
+    std::string name;
+    std::optional<kernels::DType> dtype;
+    std::optional<std::string> shape;
+  };
+  std::vector<Selection> selected;
   for (const std::string& entry : request.only) {
-    const size_t colon = entry.find(':');
-    const std::string name = entry.substr(0, colon);
-    bool known = false;
-    for (const OpDefinition& op : ops()) known = known || (op.name == name && op.suite == request.suite);
-    if (!known) {
+    const size_t at = entry.find('@');
+    const std::string head = entry.substr(0, at);
+    const size_t colon = head.find(':');
+    Selection selection{head.substr(0, colon), std::nullopt, std::nullopt};
+    const OpDefinition* definition = nullptr;
+    for (const OpDefinition& op : ops()) {
+      if (op.name == selection.name && op.suite == request.suite) definition = &op;
+    }
+    if (definition == nullptr) {
       std::string names;
       for (const OpDefinition& op : ops()) {
         if (op.suite == request.suite) names += (names.empty() ? "" : ", ") + op.name;
       }
-      throw std::invalid_argument("unknown operator '" + name + "' in --ops (the " + request.suite +
+      throw std::invalid_argument("unknown operator '" + selection.name + "' in --ops (the " + request.suite +
                                   " suite has: " + names + ")");
     }
-    std::optional<kernels::DType> dtype;
     if (colon != std::string::npos) {
       try {
-        dtype = parse_dtype(entry.substr(colon + 1));
+        selection.dtype = parse_dtype(head.substr(colon + 1));
       } catch (const std::invalid_argument& e) {
         throw std::invalid_argument("--ops " + entry + ": " + e.what());
       }
-      if (!request.dtype.empty() && *dtype != parse_dtype(request.dtype)) {
+      if (!request.dtype.empty() && *selection.dtype != parse_dtype(request.dtype)) {
         throw std::invalid_argument("--ops " + entry + " asks for another dtype than --dtype " + request.dtype);
       }
     }
-    selected.emplace_back(name, dtype);
+    if (at != std::string::npos) {
+      selection.shape = entry.substr(at + 1);
+      const std::vector<std::string>& shapes = definition->shapes;
+      if (std::find(shapes.begin(), shapes.end(), *selection.shape) == shapes.end()) {
+        std::string known;
+        for (const std::string& shape : shapes) known += (known.empty() ? "" : ", ") + shape;
+        throw std::invalid_argument("--ops " + entry + ": the " + request.suite + " suite has no shape '" +
+                                    *selection.shape + "' of " + selection.name + " (it has: " + known + ")");
+      }
+    }
+    selected.push_back(std::move(selection));
   }
   std::vector<kernels::DType> dtypes = {kernels::DType::f16, kernels::DType::bf16};
   if (!request.dtype.empty()) dtypes = {parse_dtype(request.dtype)};  // the whole suite in one dtype
   bool any = false;
   for (const OpDefinition& op : ops()) {
     if (op.suite != request.suite) continue;
-    // The operator's dtypes, fp16 before bf16 before fp32 whatever the order of the entries.
-    std::vector<kernels::DType> op_dtypes;
+    // Per dtype (fp16 before bf16 before fp32 whatever the order of the entries), direction and shape.
     for (kernels::DType d : {kernels::DType::f16, kernels::DType::bf16, kernels::DType::f32}) {
       const bool in_suite = std::find(dtypes.begin(), dtypes.end(), d) != dtypes.end();
-      bool wanted = request.only.empty() && in_suite;
-      for (const auto& [name, dtype] : selected)
-        wanted = wanted || (name == op.name && (dtype ? *dtype == d : in_suite));
-      if (wanted) op_dtypes.push_back(d);
-    }
-    for (kernels::DType dtype : op_dtypes) {
       for (bool backward : {false, true}) {
         if (backward && !op.has_backward) continue;
         for (const std::string& shape : op.shapes) {
-          visit(op, shape, dtype, backward);
+          bool wanted = request.only.empty() && in_suite;
+          for (const Selection& s : selected) {
+            wanted = wanted ||
+                     (s.name == op.name && (s.dtype ? *s.dtype == d : in_suite) && (!s.shape || *s.shape == shape));
+          }
+          if (!wanted) continue;
+          visit(op, shape, d, backward);
           any = true;
         }
       }

@@ -96,6 +96,7 @@ expect 2 "needs --shape" -- "$FUSEKIT" cases --op layernorm
 expect 2 "has no backward" -- "$FUSEKIT" cases --op adamw --shape bert-base --dtype fp16 --backward
 expect 2 "unknown operator 'softmaxx' in --ops" -- "$FUSEKIT" cases --ops layernorm,softmaxx
 expect 2 "--ops swin_step:bf16 asks for another dtype than --dtype fp16" -- "$FUSEKIT" cases --suite models --dtype fp16 --ops swin_step:bf16
+expect 2 "--ops swin_step@swin-s:b32: the models suite has no shape 'swin-s:b32' of swin_step .it has: swin-t:b128, swin-b:b64." -- "$FUSEKIT" cases --suite models --ops swin_step@swin-s:b32
 expect 2 "selects operators of --suite ops, attention or models" -- "$FUSEKIT" cases --op layernorm --shape 8x8 --dtype fp16 --ops layernorm
 expect 1 "SQLite file" -- "$FUSEKIT" cases --suite ops -o "$work/foreign.db"
 expect 2 "argument|bogus|extra" -- "$FUSEKIT" trace --db "$work/t.db" --bogus -- true

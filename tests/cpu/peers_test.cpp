@@ -109,7 +109,36 @@ TEST(CaseListing, AnOperatorInOneDtype) {
   EXPECT_EQ(list_ops_cases({"", "", "bf16", false, {"swin_step:bf16"}, "models"}).size(), 2u);
 }
 
+// NAME@SHAPE in --ops: that operator at that shape only (with :DTYPE, in that dtype only too); the
+// other entries as before, and the suite's order whatever the entries' order.
+TEST(CaseListing, AnOperatorAtOneShape) {
+  auto names_of = [](const std::vector<ListedCase>& cases) {
+    std::vector<std::string> names;
+    for (const ListedCase& c : cases) names.push_back(c.info.name);
+    return names;
+  };
+  EXPECT_EQ(names_of(list_ops_cases(
+                {"", "", "", false, {"swin_step@swin-t:b128", "bert_step@bert-base:b64:s128"}, "models"})),
+            (std::vector<std::string>{"bert_step/bert-base:b64:s128/fp16/fwd", "bert_step/bert-base:b64:s128/bf16/fwd",
+                                      "swin_step/swin-t:b128/fp16/fwd", "swin_step/swin-t:b128/bf16/fwd"}));
+  EXPECT_EQ(names_of(list_ops_cases({"", "", "", false, {"bert_step:bf16@bert-large:b8:s512"}, "models"})),
+            (std::vector<std::string>{"bert_step/bert-large:b8:s512/bf16/fwd"}));
+  EXPECT_EQ(names_of(list_ops_cases({"", "", "fp16", false, {"swin_step@swin-b:b64"}, "models"})),
+            (std::vector<std::string>{"swin_step/swin-b:b64/fp16/fwd"}));
+  // One entry at a shape and another for the whole operator: the whole operator.
+  EXPECT_EQ(list_ops_cases({"", "", "fp16", false, {"swin_step@swin-b:b64", "swin_step"}, "models"}).size(), 2u);
+  // An operator suite's shapes are selected the same way, forward and forward + backward.
+  const std::vector<ListedCase> layernorm = list_ops_cases({"", "", "fp16", false, {"layernorm@8192x768"}, "ops"});
+  ASSERT_EQ(layernorm.size(), 2u);
+  EXPECT_EQ(layernorm[0].info.name, "layernorm/8192x768/fp16/fwd");
+  EXPECT_EQ(layernorm[1].info.name, "layernorm/8192x768/fp16/fwd+bwd");
+}
+
 TEST(CaseListing, BadSelectionsAreUsageErrors) {
+  EXPECT_THROW(list_ops_cases({"", "", "", false, {"bert_step@bert-base:b64:s999"}, "models"}), std::invalid_argument);
+  EXPECT_THROW(list_ops_cases({"", "", "", false, {"bert_step@"}, "models"}), std::invalid_argument);
+  EXPECT_THROW(list_ops_cases({"", "", "", false, {"bert_step:fp8@bert-base:b64:s128"}, "models"}),
+               std::invalid_argument);
   EXPECT_THROW(list_ops_cases({"nosuchop", "1x1", "fp16", false, {}, "ops"}), std::invalid_argument);
   EXPECT_THROW(list_ops_cases({"layernorm", "8192", "fp16", false, {}, "ops"}), std::invalid_argument);
   EXPECT_THROW(list_ops_cases({"adamw", "bert-base", "fp16", true, {}, "ops"}), std::invalid_argument);
