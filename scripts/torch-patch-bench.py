@@ -110,7 +110,7 @@ def swin_setup(dtype):
     return model, optimizer, loss_of
 
 
-def run(setup, variant, dtype, warmup, steps):
+def run(setup, variant, dtype, warmup, steps, profile=None):
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -121,18 +121,25 @@ def run(setup, variant, dtype, warmup, steps):
     scaler = torch.amp.GradScaler("cuda", init_scale=1024.0, enabled=dtype == torch.float16)
     counters = torch._dynamo.utils.counters
     counters.clear()
-    times = []
+    times, host = [], []
+
+    def step(i):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_of(fn, i)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        return loss
+
     for i in range(warmup + steps):
         if i <= 1:
             torch.cuda.synchronize()
             wall = time.perf_counter()
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_of(fn, i)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+        enqueue = time.perf_counter()
+        loss = step(i)
+        host.append(time.perf_counter() - enqueue)
         end.record()
         if i <= 1:  # the first two steps' seconds: compilation, and whether the second compiles again
             torch.cuda.synchronize()
@@ -140,6 +147,15 @@ def run(setup, variant, dtype, warmup, steps):
         if i >= warmup:
             times.append((begin, end))
     torch.cuda.synchronize()
+    if profile:  # three more steps under PyTorch's profiler: where the host time of a step goes
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for i in range(3):
+                step(warmup + steps + i)
+            torch.cuda.synchronize()
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+        profile.write(f"==== {variant}: the three steps' operators by self CPU time\n{table}\n")
+        profile.flush()
     graphs = counters["stats"]["unique_graphs"]
     breaks = sum(counters["graph_break"].values())
     if variant.endswith("compile"):
@@ -147,6 +163,9 @@ def run(setup, variant, dtype, warmup, steps):
     ms = [b.elapsed_time(e) for b, e in times]
     result = {"median_ms": statistics.median(ms), "q1_ms": statistics.quantiles(ms, n=4)[0],
               "q3_ms": statistics.quantiles(ms, n=4)[2], "peak_bytes": torch.cuda.max_memory_reserved(),
+              # Host time to enqueue a step (no synchronization inside it): near median_ms, the step
+              # waits on the host (launch-bound), well below it, on the GPU.
+              "host_ms": 1e3 * statistics.median(host[warmup:]),
               "last_loss": float(loss.detach()), "fused": len(report.fused()) if report else 0,
               "dynamo_graphs": graphs, "graph_breaks": breaks}
     del model, optimizer, fn
@@ -168,10 +187,13 @@ def main():
     parser.add_argument("--stacks", help="write the main thread's Python stack to this file every --stack-every "
                         "seconds while a variant runs (where a slow compilation spends its time)")
     parser.add_argument("--stack-every", type=int, default=30)
+    parser.add_argument("--profile", help="after each variant's timed steps, profile three more with "
+                        "torch.profiler and append its operators by self CPU time to this file")
     args = parser.parse_args()
     if args.stack_every <= 0:
         parser.error("--stack-every must be a positive number of seconds")
     stacks = StackWatch(open(args.stacks, "w"), args.stack_every) if args.stacks else None
+    profile = open(args.profile, "w") if args.profile else None
     global BERT_LAYERS, BERT_DROPOUT
     BERT_LAYERS, BERT_DROPOUT = args.bert_layers, args.bert_dropout
     dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
@@ -184,7 +206,7 @@ def main():
                 print(f"==== {name}/{variant}", file=stacks.file, flush=True)
                 stacks.armed.set()
             try:
-                r = run(setups[name], variant, dtype, args.warmup, args.steps)
+                r = run(setups[name], variant, dtype, args.warmup, args.steps, profile)
             except (VariantTimeout, Exception) as e:
                 # Inductor has wrapped the timeout in its own error when it raised it as an Exception:
                 # recognised by its chain or, where the chain was cut (`from None`), by its message.
@@ -207,7 +229,7 @@ def main():
             eager = results.get(f"{name}/eager", {})
             eager = eager if "median_ms" in eager else None
             print(f"{name:5s} {variant:16s} {r['median_ms']:8.2f} ms (q1 {r['q1_ms']:.2f}, q3 {r['q3_ms']:.2f})  "
-                  f"peak {r['peak_bytes'] / 2**30:6.2f} GiB"
+                  f"host {r['host_ms']:6.2f} ms  peak {r['peak_bytes'] / 2**30:6.2f} GiB"
                   + (f"  {eager['median_ms'] / r['median_ms']:5.2f}x eager" if eager else ""), flush=True)
             if args.json:  # after every variant, so that a run cut short keeps what it measured
                 with open(args.json, "w") as f:
