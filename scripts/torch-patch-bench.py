@@ -70,6 +70,9 @@ class StackWatch:
 # Overrides of BERT-base for probing torch.compile (--bert-layers, --bert-dropout): None keeps it.
 BERT_LAYERS = None
 BERT_DROPOUT = None
+# The module kinds the fusekit variants patch (--patch-only, --patch-exclude): None and () patch all.
+PATCH_ONLY = None
+PATCH_EXCLUDE = ()
 
 
 def bert_setup(dtype):
@@ -116,7 +119,8 @@ def run(setup, variant, dtype, warmup, steps, profile=None):
     torch.cuda.reset_peak_memory_stats()
     torch._dynamo.reset()
     model, optimizer, loss_of = setup(dtype)
-    report = fusekit.torch.patch(model, warn=False) if variant.startswith("fusekit") else None
+    report = fusekit.torch.patch(model, warn=False, only=PATCH_ONLY, exclude=PATCH_EXCLUDE) \
+        if variant.startswith("fusekit") else None
     fn = torch.compile(model) if variant.endswith("compile") else model
     scaler = torch.amp.GradScaler("cuda", init_scale=1024.0, enabled=dtype == torch.float16)
     counters = torch._dynamo.utils.counters
@@ -187,6 +191,9 @@ def main():
     parser.add_argument("--stacks", help="write the main thread's Python stack to this file every --stack-every "
                         "seconds while a variant runs (where a slow compilation spends its time)")
     parser.add_argument("--stack-every", type=int, default=30)
+    parser.add_argument("--patch-only", help="fusekit variants: patch these module kinds alone (comma-separated "
+                        "class names, e.g. SwinTransformerBlock; fusekit.torch.patch's only=)")
+    parser.add_argument("--patch-exclude", help="fusekit variants: patch all kinds but these (exclude=)")
     parser.add_argument("--profile", help="after each variant's timed steps, profile three more with "
                         "torch.profiler and append its operators by self CPU time to this file")
     args = parser.parse_args()
@@ -194,8 +201,14 @@ def main():
         parser.error("--stack-every must be a positive number of seconds")
     stacks = StackWatch(open(args.stacks, "w"), args.stack_every) if args.stacks else None
     profile = open(args.profile, "w") if args.profile else None
-    global BERT_LAYERS, BERT_DROPOUT
+    global BERT_LAYERS, BERT_DROPOUT, PATCH_ONLY, PATCH_EXCLUDE
     BERT_LAYERS, BERT_DROPOUT = args.bert_layers, args.bert_dropout
+    PATCH_ONLY = args.patch_only.split(",") if args.patch_only else None
+    PATCH_EXCLUDE = args.patch_exclude.split(",") if args.patch_exclude else ()
+    try:
+        fusekit.matching.kinds(PATCH_ONLY, "--patch-only"), fusekit.matching.kinds(PATCH_EXCLUDE, "--patch-exclude")
+    except ValueError as e:
+        parser.error(str(e))
     dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
     setups = {"bert": bert_setup, "swin": swin_setup}
     results = {}
@@ -234,7 +247,8 @@ def main():
             if args.json:  # after every variant, so that a run cut short keeps what it measured
                 with open(args.json, "w") as f:
                     json.dump({"dtype": args.dtype, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                               "autograd": fusekit.ops.AUTOGRAD, "results": results}, f, indent=1)
+                               "autograd": fusekit.ops.AUTOGRAD, "patch_only": PATCH_ONLY,
+                               "patch_exclude": list(PATCH_EXCLUDE), "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

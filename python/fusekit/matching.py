@@ -180,10 +180,29 @@ KEPT = {
 }
 
 
-def decide(path, module):
-    """The decision for one module, or None for a module fusekit has no rule for."""
+def kinds(names, argument):
+    """`names` (module class names, e.g. {"BertSelfAttention"}; one name as a string) as a frozenset,
+    after checking that fusekit fuses each: a ValueError naming the argument and the kinds otherwise."""
+    if names is None:
+        return None
+    names = frozenset([names] if isinstance(names, str) else names)
+    unknown = sorted(n for n in names if n not in RULES)
+    if unknown:
+        raise ValueError(f"fusekit: {argument} names {', '.join(repr(n) for n in unknown)}, which fusekit does not "
+                         f"fuse (it fuses: {', '.join(RULES)})")
+    return names
+
+
+def decide(path, module, only=None, exclude=frozenset()):
+    """The decision for one module, or None for a module fusekit has no rule for. `only` (None: every
+    kind) and `exclude`: the kinds the caller asked for and against (kinds() checks them); a module
+    the caller left out is kept, with that reason."""
     kind = type(module).__name__
     if kind in RULES:
+        if only is not None and kind not in only:
+            return Decision(path, kind, False, "left out by the caller (not in only=)")
+        if kind in exclude:
+            return Decision(path, kind, False, "left out by the caller (in exclude=)")
         fused, reason = RULES[kind](module)
         return Decision(path, kind, fused, reason)
     if kind in KEPT:

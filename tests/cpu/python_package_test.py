@@ -229,6 +229,27 @@ class MatchingTest(unittest.TestCase):
         self.assertFalse(v2.fused)
         self.assertIn("SwinV2", v2.reason)
 
+    def test_the_caller_chooses_the_kinds(self):
+        only = matching.kinds({"BertSelfAttention"}, "only=")
+        self.assertTrue(matching.decide("a", attention(), only).fused)
+        left = matching.decide("e", stand_in("BertCrossAttention"), only)
+        self.assertEqual(left.reason, matching.KEPT["BertCrossAttention"])  # kept for its own reason
+        swin_only = matching.kinds("PatchMerging", "only=")  # one name as a string
+        self.assertEqual(swin_only, frozenset({"PatchMerging"}))
+        out = matching.decide("a", attention(), swin_only)
+        self.assertFalse(out.fused)
+        self.assertIn("not in only=", out.reason)
+        excluded = matching.decide("a", attention(), None, matching.kinds(["BertSelfAttention"], "exclude="))
+        self.assertFalse(excluded.fused)
+        self.assertIn("in exclude=", excluded.reason)
+        # A kind fusekit cannot fuse (kept always, or unknown) is refused, named with the argument.
+        for bad in ({"BertCrossAttention"}, ["BertSelfAttention", "Attention"]):
+            with self.assertRaises(ValueError) as caught:
+                matching.kinds(bad, "exclude=")
+            self.assertIn("exclude= names", str(caught.exception))
+            self.assertIn("it fuses: BertEmbeddings", str(caught.exception))
+        self.assertIsNone(matching.kinds(None, "only="))
+
     def test_summary_counts_modules_per_decision(self):
         decisions = [matching.decide(f"l{i}", attention()) for i in range(12)] + [matching.decide("x", attention(48))]
         text = matching.summarize(decisions)

@@ -2,6 +2,7 @@
 
     import fusekit.torch
     report = fusekit.torch.patch(model)   # in place; returns what was fused and what was kept
+    fusekit.torch.patch(model, only={"BertSelfAttention"})   # or exclude={...}: some kinds only
     print(report)
     fusekit.torch.unpatch(model)          # back to the original classes
     optimizer = fusekit.torch.AdamW(model.parameters(), lr=1e-4)   # fusekit's AdamW kernel
@@ -52,19 +53,23 @@ def _fused_class(original, kind):
     return _FUSED_CLASSES[key]
 
 
-def patch(model, warn=True):
-    """Replace, in place, the modules of `model` that fusekit fuses; returns a Report."""
+def patch(model, warn=True, only=None, exclude=()):
+    """Replace, in place, the modules of `model` that fusekit fuses; returns a Report. `only` (module
+    class names, e.g. {"BertSelfAttention"}) fuses those kinds alone, `exclude` all but those (as
+    Liger Kernel's per-kernel switches): to keep what a compiler already fuses well, or to find which
+    replacement a difference comes from. A name fusekit does not fuse is a ValueError."""
+    only, exclude = matching.kinds(only, "only="), matching.kinds(exclude, "exclude=") or frozenset()
     report = Report()
     for path, module in model.named_modules():
         if getattr(type(module), "_fusekit_original", None) is not None:
             continue  # patched already
-        decision = matching.decide(path, module)
+        decision = matching.decide(path, module, only, exclude)
         if decision is None:
             continue
         report.append(decision)
         if decision.fused:
             module.__class__ = _fused_class(type(module), decision.kind)
-        elif warn:
+        elif warn and not decision.reason.startswith("left out by the caller"):
             warnings.warn(f"fusekit: kept {path or 'the model'} ({decision.kind}): {decision.reason}", stacklevel=2)
     return report
 

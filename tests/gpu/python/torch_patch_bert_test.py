@@ -81,6 +81,29 @@ def test_patch_reports_what_it_fused():
     assert "Fused" not in repr(model)
 
 
+def test_only_and_exclude_choose_the_kinds_fused(recwarn):
+    model = make_model()
+    report = fusekit.torch.patch(model, only={"BertSelfAttention"})
+    assert [d.kind for d in report.fused()] == ["BertSelfAttention"] * 2, str(report)
+    assert all("not in only=" in d.reason for d in report.kept()), str(report)
+    assert not [w for w in recwarn if "fusekit" in str(w.message)]  # a kind left out is no warning
+    fusekit.torch.unpatch(model)
+    report = fusekit.torch.patch(model, exclude=["BertForMaskedLM", "BertEmbeddings"])
+    assert {d.kind for d in report.kept()} == {"BertForMaskedLM", "BertEmbeddings"}, str(report)
+    assert len(report.fused()) == 2 * 4 + 1
+    # One step's loss within the whole patch's bound (test_one_step_gradients_match_the_unpatched_model).
+    batch = make_batch()
+    patched_loss, _ = loss_and_grads(model, batch, torch.float16)
+    fusekit.torch.unpatch(model)
+    ref_loss, _ = loss_and_grads(model, batch)
+    amp_loss, _ = loss_and_grads(model, batch, torch.float16)
+    bound = max(2 * abs(amp_loss - ref_loss), FLOOR[torch.float16] * abs(ref_loss))
+    assert abs(patched_loss - ref_loss) <= bound
+    with pytest.raises(ValueError, match="only= names 'BertAttention'"):
+        fusekit.torch.patch(model, only={"BertAttention"})
+    assert "Fused" not in repr(model)
+
+
 def test_unsupported_head_dim_is_kept_with_a_warning():
     config = transformers.BertConfig(hidden_size=96, num_hidden_layers=1, num_attention_heads=2,
                                      intermediate_size=384)  # head_dim 48
