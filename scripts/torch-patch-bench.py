@@ -70,7 +70,7 @@ class StackWatch:
 # Overrides of BERT-base for probing torch.compile (--bert-layers, --bert-dropout): None keeps it.
 BERT_LAYERS = None
 BERT_DROPOUT = None
-# The module kinds the fusekit variants patch (--patch-only, --patch-exclude): None and () patch all.
+# The module kinds the fusekit variants patch (--patch-only, --patch-exclude): None and () patch every kind.
 PATCH_ONLY = None
 PATCH_EXCLUDE = ()
 
@@ -151,7 +151,23 @@ def run(setup, variant, dtype, warmup, steps, profile=None):
         if i >= warmup:
             times.append((begin, end))
     torch.cuda.synchronize()
-    if profile:  # three more steps under PyTorch's profiler: where the host time of a step goes
+    graphs = counters["stats"]["unique_graphs"]
+    breaks = sum(counters["graph_break"].values())
+    if variant.endswith("compile"):
+        print(f"  {variant}: Dynamo compiled {graphs} graphs, {breaks} graph breaks", file=sys.stderr, flush=True)
+    ms = [b.elapsed_time(e) for b, e in times]
+    result = {"median_ms": statistics.median(ms), "q1_ms": statistics.quantiles(ms, n=4)[0],
+              "q3_ms": statistics.quantiles(ms, n=4)[2], "peak_bytes": torch.cuda.max_memory_reserved(),
+              # Host time to enqueue a step: near median_ms, the step waits on the host (launch-bound),
+              # well below it, on the GPU; a synchronization inside the step (e.g. a model's own
+              # check of its mask) counts its wait here too.
+              "host_ms": 1e3 * statistics.median(host[warmup:]),
+              "last_loss": float(loss.detach()), "fused": len(report.fused()) if report else 0,
+              "dynamo_graphs": graphs, "graph_breaks": breaks}
+    if report is not None and not report.fused():
+        print(f"  {variant}: warning: the patch fused no module of this model (--patch-only/--patch-exclude?)",
+              file=sys.stderr, flush=True)
+    if profile:  # three more steps under PyTorch's profiler (after the numbers above are taken)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA]) as prof:
             for i in range(3):
@@ -160,18 +176,6 @@ def run(setup, variant, dtype, warmup, steps, profile=None):
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
         profile.write(f"==== {variant}: the three steps' operators by self CPU time\n{table}\n")
         profile.flush()
-    graphs = counters["stats"]["unique_graphs"]
-    breaks = sum(counters["graph_break"].values())
-    if variant.endswith("compile"):
-        print(f"  {variant}: Dynamo compiled {graphs} graphs, {breaks} graph breaks", file=sys.stderr, flush=True)
-    ms = [b.elapsed_time(e) for b, e in times]
-    result = {"median_ms": statistics.median(ms), "q1_ms": statistics.quantiles(ms, n=4)[0],
-              "q3_ms": statistics.quantiles(ms, n=4)[2], "peak_bytes": torch.cuda.max_memory_reserved(),
-              # Host time to enqueue a step (no synchronization inside it): near median_ms, the step
-              # waits on the host (launch-bound), well below it, on the GPU.
-              "host_ms": 1e3 * statistics.median(host[warmup:]),
-              "last_loss": float(loss.detach()), "fused": len(report.fused()) if report else 0,
-              "dynamo_graphs": graphs, "graph_breaks": breaks}
     del model, optimizer, fn
     return result
 
@@ -206,7 +210,7 @@ def main():
     PATCH_ONLY = args.patch_only.split(",") if args.patch_only else None
     PATCH_EXCLUDE = args.patch_exclude.split(",") if args.patch_exclude else ()
     try:
-        fusekit.matching.kinds(PATCH_ONLY, "--patch-only"), fusekit.matching.kinds(PATCH_EXCLUDE, "--patch-exclude")
+        fusekit.matching.selection(PATCH_ONLY, PATCH_EXCLUDE)
     except ValueError as e:
         parser.error(str(e))
     dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16

@@ -181,16 +181,32 @@ KEPT = {
 
 
 def kinds(names, argument):
-    """`names` (module class names, e.g. {"BertSelfAttention"}; one name as a string) as a frozenset,
-    after checking that fusekit fuses each: a ValueError naming the argument and the kinds otherwise."""
+    """`names` (module class names, e.g. {"BertSelfAttention"}, or the classes; one as a string or a
+    class) as a frozenset of names, after checking that fusekit fuses each: a ValueError naming the
+    argument and the kinds otherwise, a TypeError for what is neither a name nor a class."""
     if names is None:
         return None
-    names = frozenset([names] if isinstance(names, str) else names)
+    names = [names] if isinstance(names, (str, type)) else list(names)
+    for n in names:
+        if not isinstance(n, (str, type)):
+            raise TypeError(f"fusekit: {argument} takes module class names or classes, not {type(n).__name__}")
+    names = frozenset(n.__name__ if isinstance(n, type) else n for n in names)
     unknown = sorted(n for n in names if n not in RULES)
     if unknown:
         raise ValueError(f"fusekit: {argument} names {', '.join(repr(n) for n in unknown)}, which fusekit does not "
                          f"fuse (it fuses: {', '.join(RULES)})")
     return names
+
+
+def selection(only, exclude):
+    """patch()'s only= and exclude= checked together: (only as kinds() gives it, exclude as a
+    frozenset). An empty only= (it would fuse nothing) and a kind in both are ValueErrors."""
+    only, exclude = kinds(only, "only="), kinds(exclude, "exclude=") or frozenset()
+    if only is not None and not only:
+        raise ValueError("fusekit: only= names no kind (None, the default, fuses every kind)")
+    if only is not None and only & exclude:
+        raise ValueError(f"fusekit: {', '.join(sorted(only & exclude))} in both only= and exclude=")
+    return only, exclude
 
 
 def decide(path, module, only=None, exclude=frozenset()):

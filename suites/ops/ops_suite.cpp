@@ -136,7 +136,8 @@ void for_each_selected_case(const OpsRequest& request, Visit visit) {
         std::string known;
         for (const std::string& shape : shapes) known += (known.empty() ? "" : ", ") + shape;
         throw std::invalid_argument("--ops " + entry + ": the " + request.suite + " suite has no shape '" +
-                                    *selection.shape + "' of " + selection.name + " (it has: " + known + ")");
+                                    *selection.shape + "' of " + selection.name + " (it has: " + known +
+                                    "; an entry is NAME[:DTYPE][@SHAPE])");
       }
     }
     selected.push_back(std::move(selection));

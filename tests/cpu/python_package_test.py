@@ -249,6 +249,18 @@ class MatchingTest(unittest.TestCase):
             self.assertIn("exclude= names", str(caught.exception))
             self.assertIn("it fuses: BertEmbeddings", str(caught.exception))
         self.assertIsNone(matching.kinds(None, "only="))
+        # Classes stand for their names; anything else is a TypeError.
+        self.assertEqual(matching.kinds([type("BertSelfAttention", (), {}), "PatchMerging"], "only="),
+                         frozenset({"BertSelfAttention", "PatchMerging"}))
+        with self.assertRaises(TypeError):
+            matching.kinds([3], "only=")
+        # patch()'s pair: an empty only= would fuse nothing, a kind in both contradicts itself.
+        self.assertEqual(matching.selection(None, ()), (None, frozenset()))
+        self.assertEqual(matching.selection(["PatchMerging"], None), (frozenset({"PatchMerging"}), frozenset()))
+        with self.assertRaisesRegex(ValueError, "only= names no kind"):
+            matching.selection(set(), ())
+        with self.assertRaisesRegex(ValueError, "PatchMerging in both only= and exclude="):
+            matching.selection({"PatchMerging", "BertOutput"}, ["PatchMerging"])
 
     def test_summary_counts_modules_per_decision(self):
         decisions = [matching.decide(f"l{i}", attention()) for i in range(12)] + [matching.decide("x", attention(48))]

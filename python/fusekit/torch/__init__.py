@@ -57,8 +57,9 @@ def patch(model, warn=True, only=None, exclude=()):
     """Replace, in place, the modules of `model` that fusekit fuses; returns a Report. `only` (module
     class names, e.g. {"BertSelfAttention"}) fuses those kinds alone, `exclude` all but those (as
     Liger Kernel's per-kernel switches): to keep what a compiler already fuses well, or to find which
-    replacement a difference comes from. A name fusekit does not fuse is a ValueError."""
-    only, exclude = matching.kinds(only, "only="), matching.kinds(exclude, "exclude=") or frozenset()
+    replacement a difference comes from. Names or the classes themselves; a kind fusekit does not
+    fuse, an empty only= and a kind in both are ValueErrors."""
+    only, exclude = matching.selection(only, exclude)
     report = Report()
     for path, module in model.named_modules():
         if getattr(type(module), "_fusekit_original", None) is not None:
