@@ -114,9 +114,8 @@ ReportTable case_table(const RunReport& report) {
     return v ? fixed(*v * scale, decimals) + unit : std::string("-");
   };
   // Peak device memory, a column only where a case measured it (the models suite's steps).
-  const bool any_memory = std::any_of(report.cases.begin(), report.cases.end(), [](const CaseResult& c) {
-    return case_metric(c, "peak_memory_bytes").has_value();
-  });
+  const bool any_memory = std::any_of(report.cases.begin(), report.cases.end(),
+                                      [](const CaseResult& c) { return peak_memory_mib(c).has_value(); });
   // Training steps: items (sequences or images) a second, from the batch in the case's shape.
   const bool any_throughput = std::any_of(report.cases.begin(), report.cases.end(),
                                           [](const CaseResult& c) { return items_per_second(c).has_value(); });

@@ -156,12 +156,7 @@ print(db.execute("SELECT COUNT(*) FROM runs WHERE gpuName = ? AND status = ?", (
       echo "ci-gate: $suite: no evidence/$gpu_key/$suite.db(.xz) to gate against: skipped (measure and commit one first)"
       continue
     fi
-    if [ "$dry_run" = 1 ]; then
-      echo "ci-gate: $suite: measure ${ops[*]:-every case} ($dtype), gate against $evidence"
-      [ -z "$confirm_with" ] || echo "ci-gate: $suite: a regression is confirmed by two A/B rounds against $confirm_with"
-      continue
-    fi
-    if [[ "$evidence" == *.xz ]]; then
+    if [ "$dry_run" != 1 ] && [[ "$evidence" == *.xz ]]; then
       xz -dc "$evidence" >"$out/baseline-$suite.db" || { echo "ci-gate: cannot decompress $evidence" >&2; failed=1; continue; }
       evidence="$out/baseline-$suite.db"
     fi
