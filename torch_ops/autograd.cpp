@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace fusekit::torch_ops {
 namespace {
@@ -303,6 +304,56 @@ struct WindowAttention : torch::autograd::Function<WindowAttention> {
   }
 };
 
+// One node for a whole encoder layer: the params' gradients come back in their own dtype (float32
+// under autocast), so AccumulateGrad takes them as they are, with no cast node per parameter.
+struct BertLayer : torch::autograd::Function<BertLayer> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& lengths,
+                               at::TensorList params, int64_t heads, double scale, double p_attention,
+                               double p_attention_output, double p_output, const at::Tensor& philox, double eps,
+                               const std::string& approximate) {
+    static const auto forward_op = op<std::tuple<at::Tensor, std::vector<at::Tensor>>(
+        const at::Tensor&, const at::Tensor&, at::TensorList, int64_t, double, double, double, double,
+        const at::Tensor&, double, c10::string_view)>("fusekit::bert_layer");
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [y, saved] = forward_op.call(x, lengths, params, heads, scale, p_attention, p_attention_output, p_output,
+                                      philox, eps, approximate);
+    variable_list to_save{x, lengths, philox};
+    to_save.insert(to_save.end(), params.begin(), params.end());
+    to_save.insert(to_save.end(), saved.begin(), saved.end());
+    ctx->save_for_backward(to_save);
+    ctx->mark_non_differentiable(saved);
+    ctx->saved_data["params"] = static_cast<int64_t>(params.size());
+    ctx->saved_data["heads"] = heads;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["p_attention"] = p_attention;
+    ctx->saved_data["p_attention_output"] = p_attention_output;
+    ctx->saved_data["p_output"] = p_output;
+    ctx->saved_data["approximate"] = approximate;
+    variable_list out{y};
+    out.insert(out.end(), saved.begin(), saved.end());
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto backward_op = op<std::tuple<at::Tensor, std::vector<at::Tensor>>(
+        const at::Tensor&, const at::Tensor&, const at::Tensor&, at::TensorList, at::TensorList, int64_t, double,
+        double, double, double, const at::Tensor&, c10::string_view)>("fusekit::bert_layer_backward");
+    const variable_list s = ctx->get_saved_variables();
+    const int64_t n = ctx->saved_data["params"].toInt();
+    const std::vector<at::Tensor> params(s.begin() + 3, s.begin() + 3 + n);
+    const std::vector<at::Tensor> saved(s.begin() + 3 + n, s.end());
+    auto [dx, dparams] =
+        backward_op.call(contiguous(grads[0]), s[0], s[1], params, saved, ctx->saved_data["heads"].toInt(),
+                         ctx->saved_data["scale"].toDouble(), ctx->saved_data["p_attention"].toDouble(),
+                         ctx->saved_data["p_attention_output"].toDouble(), ctx->saved_data["p_output"].toDouble(), s[2],
+                         ctx->saved_data["approximate"].toStringRef());
+    // One gradient per input as apply() flattened them: x, lengths, each param, then the rest.
+    variable_list out{dx, at::Tensor()};
+    out.insert(out.end(), dparams.begin(), dparams.end());
+    out.resize(out.size() + 8);  // heads, scale, the three p, philox, eps, approximate
+    return out;
+  }
+};
+
 // ---- the kernels registered at the Autograd key: the schemas' signatures
 
 Tensor3 layernorm(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta, double eps) {
@@ -367,6 +418,17 @@ Tensor3 window_attention(const at::Tensor& qkv, const at::Tensor& table, const a
   return {out[0], out[1], out[2]};
 }
 
+std::tuple<at::Tensor, std::vector<at::Tensor>> bert_layer(const at::Tensor& x, const at::Tensor& lengths,
+                                                           at::TensorList params, int64_t heads, double scale,
+                                                           double p_attention, double p_attention_output,
+                                                           double p_output, const at::Tensor& philox, double eps,
+                                                           c10::string_view approximate) {
+  const variable_list out =
+      BertLayer::apply(x, lengths, params, heads, scale, p_attention, p_attention_output, p_output, philox, eps,
+                       std::string(approximate.data(), approximate.size()));
+  return {out[0], std::vector<at::Tensor>(out.begin() + 1, out.end())};
+}
+
 }  // namespace
 }  // namespace fusekit::torch_ops
 
@@ -388,5 +450,6 @@ extern "C" int fusekit_enable_cpp_autograd() {
   library->impl("window_merge", &window_merge);
   library->impl("patch_merging", &patch_merging);
   library->impl("window_attention", &window_attention);
+  library->impl("bert_layer", &bert_layer);
   return 1;
 }

@@ -73,4 +73,14 @@ TORCH_LIBRARY(fusekit, m) {
       "adamw_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, float lr, "
       "float beta1, float beta2, float eps, float weight_decay, int step) -> ()");
   m.def("softmax_backward(Tensor y, Tensor dy, float scale) -> Tensor dx");
+  // A whole BERT encoder layer (torch_ops/bert_layer.cpp): params are its 16 tensors, saved the 13
+  // tensors its backward takes.
+  m.def(
+      "bert_layer(Tensor x, Tensor lengths, Tensor[] params, int heads, float scale, float p_attention, "
+      "float p_attention_output, float p_output, Tensor philox, float eps, str approximate) -> (Tensor y, "
+      "Tensor[] saved)");
+  m.def(
+      "bert_layer_backward(Tensor dy, Tensor x, Tensor lengths, Tensor[] params, Tensor[] saved, int heads, "
+      "float scale, float p_attention, float p_attention_output, float p_output, Tensor philox, str approximate) "
+      "-> (Tensor dx, Tensor[] dparams)");
 }

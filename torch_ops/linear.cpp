@@ -1,10 +1,8 @@
 // fusekit::linear and its backward over kernels/linear.h: torch.nn.Linear as cuBLASLt GEMMs with a
 // fused epilogue, y = x W^T + b ("bias") or y = gelu(x W^T + b) ("bias_gelu", the tanh form that
 // cuBLASLt computes; the pre-activation is returned for the backward). x [..., K], weight [N, K],
-// bias [N], one storage type; bias_gelu needs N % 8 == 0 (cuBLASLt's aux matrix). One cuBLASLt
-// context (handle, workspace, plans) per device, used under a lock: the lock orders the enqueueing,
-// not the GPU work, so GEMMs enqueued on two streams at once could share the workspace while both
-// run (kernels/linear.h: a context serves one stream). One stream per device, as training uses.
+// bias [N], one storage type; bias_gelu needs N % 8 == 0 (cuBLASLt's aux matrix). The GEMMs run on
+// the device's shared context (torch_ops/linear_context.h).
 #include <torch/library.h>
 
 #include <map>
@@ -16,23 +14,24 @@
 
 #include "kernels/bias_gelu.h"
 #include "kernels/linear.h"
+#include "torch_ops/linear_context.h"
 #include "torch_ops/tensor_checks.h"
 
 namespace fusekit::torch_ops {
-namespace {
 
-std::mutex& context_mutex() {
+std::mutex& linear_context_mutex() {
   static std::mutex m;
   return m;
 }
 
-// Under context_mutex(), on the current device.
-kernels::LinearContext& context_for(int device) {
+kernels::LinearContext& linear_context_for(int device) {
   static std::map<int, std::unique_ptr<kernels::LinearContext>> contexts;
   auto& c = contexts[device];
   if (!c) c = std::make_unique<kernels::LinearContext>();
   return *c;
 }
+
+namespace {
 
 kernels::LinearEpilogue epilogue_of(std::string_view name, const char* op) {
   if (name == "bias") return kernels::LinearEpilogue::bias;
@@ -82,9 +81,9 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& x, const at::Tensor
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty(out_shape(x, weight.size(0)), x.options());
   at::Tensor pre = c.epilogue == kernels::LinearEpilogue::bias_gelu ? at::empty_like(y) : at::empty({0}, x.options());
-  const std::lock_guard<std::mutex> lock(context_mutex());
+  const std::lock_guard<std::mutex> lock(linear_context_mutex());
   try {
-    kernels::linear_forward(context_for(x.device().index()), c.dtype, c.epilogue, c.shape, x.data_ptr(),
+    kernels::linear_forward(linear_context_for(x.device().index()), c.dtype, c.epilogue, c.shape, x.data_ptr(),
                             weight.data_ptr(), bias.data_ptr(), y.data_ptr(), pre.numel() ? pre.data_ptr() : nullptr,
                             current_stream(x));
   } catch (const std::invalid_argument& e) {
@@ -117,8 +116,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& dy, co
                                 zero.data_ptr(), dpre.data_ptr(), dbias.data_ptr(), c.shape.rows, c.shape.out_features,
                                 scratch.data_ptr(), stream);
   }
-  const std::lock_guard<std::mutex> lock(context_mutex());
-  kernels::linear_backward(context_for(x.device().index()), c.dtype, c.shape, dpre.data_ptr(), x.data_ptr(),
+  const std::lock_guard<std::mutex> lock(linear_context_mutex());
+  kernels::linear_backward(linear_context_for(x.device().index()), c.dtype, c.shape, dpre.data_ptr(), x.data_ptr(),
                            weight.data_ptr(), dx.data_ptr(), dweight.data_ptr(),
                            c.epilogue == kernels::LinearEpilogue::bias ? dbias.data_ptr() : nullptr, stream);
   return {dx, dweight, dbias};

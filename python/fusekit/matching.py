@@ -93,6 +93,36 @@ def _intermediate(m):
     return True, f"GEMM + bias_gelu ({form})"
 
 
+def _original_kind(module):
+    """A module's class name, or its original's where fusekit.torch.patch already swapped it."""
+    kind = type(module)
+    return getattr(kind, "_fusekit_original", kind).__name__
+
+
+def _layer(m):
+    """A whole encoder layer as one op: its four parts must each be fusable, and the layer an
+    encoder's (no cross-attention, no feed-forward chunking)."""
+    attention = getattr(m, "attention", None)
+    parts = [("attention.self", getattr(attention, "self", None), "BertSelfAttention", _self_attention),
+             ("attention.output", getattr(attention, "output", None), "BertSelfOutput", _sublayer_output),
+             ("intermediate", getattr(m, "intermediate", None), "BertIntermediate", _intermediate),
+             ("output", getattr(m, "output", None), "BertOutput", _sublayer_output)]
+    for name, part, kind, rule in parts:
+        if part is None or _original_kind(part) != kind:
+            return False, f"{name} is not a {kind}"
+        fused, reason = rule(part)
+        if not fused:
+            return False, f"{name}: {reason}"
+    if getattr(m, "add_cross_attention", False) or getattr(m, "crossattention", None) is not None:
+        return False, "cross-attention (fused: encoder layers)"
+    if getattr(m, "chunk_size_feed_forward", 0):
+        return False, "feed-forward chunking (fused: the whole sequence at once)"
+    if getattr(attention.output.LayerNorm, "eps", None) != getattr(m.output.LayerNorm, "eps", None):
+        return False, "the two LayerNorms have different eps"
+    form = gelu_form(m.intermediate.intermediate_act_fn)
+    return True, f"one op per layer: QKV GEMM, bert_attention, GEMMs, GELU ({form}), two residual LayerNorms"
+
+
 def _head_transform(m):
     form = gelu_form(getattr(m, "transform_act_fn", None))
     if form is None:
@@ -164,6 +194,7 @@ def _patch_merging(m):
 
 RULES = {
     "BertEmbeddings": _embeddings,
+    "BertLayer": _layer,
     "BertSelfAttention": _self_attention,
     "BertSelfOutput": _sublayer_output,
     "BertOutput": _sublayer_output,

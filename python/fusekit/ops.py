@@ -133,6 +133,29 @@ def _(dout, qkv, lengths, out, lse, scale, p, philox):
     return torch.empty_like(qkv)
 
 
+def _bert_layer_saved_shapes(x, params, heads):
+    """The shapes and dtypes of bert_layer's `saved` (torch_ops/bert_layer.cpp's order)."""
+    batch, seq, hidden = x.shape
+    tokens, inner = batch * seq, params[10].shape[0]
+    packed = sum(p.numel() for p in params)
+    half, f = x.dtype, _float
+    return [((packed,), half), ((batch, seq, 3, heads, hidden // heads), half), ((batch, seq, hidden), half),
+            ((batch, heads, seq), f), ((tokens, hidden), half), ((tokens, hidden), half), ((tokens,), f),
+            ((tokens,), f), ((tokens, inner), half), ((tokens, inner), half), ((tokens, hidden), half),
+            ((tokens,), f), ((tokens,), f)]
+
+
+@torch.library.register_fake("fusekit::bert_layer")
+def _(x, lengths, params, heads, scale, p_attention, p_attention_output, p_output, philox, eps, approximate):
+    saved = [x.new_empty(shape, dtype=dtype) for shape, dtype in _bert_layer_saved_shapes(x, params, heads)]
+    return torch.empty_like(x), saved
+
+
+@torch.library.register_fake("fusekit::bert_layer_backward")
+def _(dy, x, lengths, params, saved, heads, scale, p_attention, p_attention_output, p_output, philox, approximate):
+    return torch.empty_like(x), [torch.empty_like(p) for p in params]
+
+
 @torch.library.register_fake("fusekit::cross_entropy")
 def _(logits, labels, ignore_index, label_smoothing):
     return (logits.new_empty((), dtype=_float), logits.new_empty((logits.shape[0],), dtype=_float),
@@ -227,7 +250,7 @@ def _(y, dy, scale):
 CPP_AUTOGRAD_OPS = {"fusekit::layernorm", "fusekit::bias_gelu", "fusekit::bias_dropout_residual_layernorm",
                     "fusekit::embedding_layernorm", "fusekit::bert_attention", "fusekit::cross_entropy",
                     "fusekit::softmax", "fusekit::window_partition", "fusekit::window_merge",
-                    "fusekit::patch_merging", "fusekit::window_attention"}
+                    "fusekit::patch_merging", "fusekit::window_attention", "fusekit::bert_layer"}
 
 
 def _register_autograd(name, backward, setup_context):
@@ -323,6 +346,27 @@ def _attention_backward(ctx, dout, _dlse):
 
 
 _register_autograd("fusekit::bert_attention", _attention_backward, setup_context=_attention_setup)
+
+
+def _bert_layer_setup(ctx, inputs, output):
+    x, lengths, params, heads, scale, p_attention, p_attention_output, p_output, philox_, eps, approximate = inputs
+    y, saved = output
+    ctx.mark_non_differentiable(*saved)
+    ctx.save_for_backward(x, lengths, philox_, *params, *saved)
+    ctx.params = len(params)
+    ctx.args = (heads, scale, p_attention, p_attention_output, p_output)
+    ctx.approximate = approximate
+
+
+def _bert_layer_backward(ctx, dy, _dsaved):
+    x, lengths, philox_, *rest = ctx.saved_tensors
+    params, saved = rest[:ctx.params], rest[ctx.params:]
+    dx, dparams = _ops.bert_layer_backward(dy.contiguous(), x, lengths, params, saved, *ctx.args, philox_,
+                                           ctx.approximate)
+    return dx, None, list(dparams), None, None, None, None, None, None, None, None
+
+
+_register_autograd("fusekit::bert_layer", _bert_layer_backward, setup_context=_bert_layer_setup)
 
 
 def _cross_entropy_setup(ctx, inputs, output):
@@ -471,6 +515,19 @@ def bert_attention(qkv, lengths, scale, p=0.0):
     """Attention over qkv [batch, seq, 3, heads, head_dim] with keys >= lengths[b] masked and
     dropout p on the probabilities: [batch, seq, heads * head_dim]."""
     return _ops.bert_attention(qkv.contiguous(), lengths, scale, p, philox(p, qkv))[0]
+
+
+def bert_layer(x, lengths, params, heads, scale, p_attention=0.0, p_attention_output=0.0, p_output=0.0, eps=1e-12,
+               approximate="none"):
+    """A whole post-LN BERT encoder layer (Hugging Face's BertLayer) as one op: x [batch, seq, hidden]
+    in float16 or bfloat16, lengths int32 [batch] (valid keys, padding on the right), params the
+    layer's 16 tensors in torch_ops/bert_layer.cpp's order (query, key, value weight and bias,
+    attention output dense and LayerNorm, intermediate dense, output dense and LayerNorm), any
+    floating dtype: cast once inside, gradients returned in their own dtype. One Philox draw for the
+    three dropout sites."""
+    p = max(p_attention, p_attention_output, p_output)
+    return _ops.bert_layer(x.contiguous(), lengths, list(params), heads, scale, p_attention, p_attention_output,
+                           p_output, philox(p, x), eps, approximate)[0]
 
 
 def cross_entropy(logits, labels, ignore_index=-100, label_smoothing=0.0):

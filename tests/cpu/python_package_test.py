@@ -176,8 +176,50 @@ class MatchingTest(unittest.TestCase):
         self.assertFalse(relative.fused)
         self.assertIn("relative", relative.reason)
 
+    def bert_layer(self, **overrides):
+        values = dict(attention=stand_in("BertAttention", self=attention(),
+                                         output=stand_in("BertSelfOutput", dense=linear(), LayerNorm=layer_norm())),
+                      intermediate=stand_in("BertIntermediate", dense=linear(),
+                                            intermediate_act_fn=stand_in("GELUActivation")),
+                      output=stand_in("BertOutput", dense=linear(), LayerNorm=layer_norm()),
+                      add_cross_attention=False, chunk_size_feed_forward=0)
+        values.update(overrides)
+        layer = stand_in("BertLayer", **values)
+        layer.attention.output.LayerNorm.eps = layer.output.LayerNorm.eps = 1e-12
+        return layer
+
+    def test_bert_layer_is_one_op_where_all_its_parts_fuse(self):
+        decision = matching.decide("bert.encoder.layer.0", self.bert_layer())
+        self.assertEqual((decision.kind, decision.fused), ("BertLayer", True))
+        self.assertIn("one op per layer", decision.reason)
+        self.assertIn("GELU (none)", decision.reason)
+        for layer, reason in [
+            (self.bert_layer(add_cross_attention=True), "cross-attention"),
+            (self.bert_layer(chunk_size_feed_forward=64), "chunking"),
+            (self.bert_layer(intermediate=stand_in("BertIntermediate", dense=linear(),
+                                                   intermediate_act_fn=stand_in("SiLU"))), "intermediate: activation"),
+            (self.bert_layer(output=stand_in("BertOutput", dense=linear(bias=False), LayerNorm=layer_norm())),
+             "output: dense without bias"),
+            (self.bert_layer(output=stand_in("BertGatedOutput", dense=linear(), LayerNorm=layer_norm())),
+             "output is not a BertOutput"),
+        ]:
+            decision = matching.decide("l", layer)
+            self.assertFalse(decision.fused, reason)
+            self.assertIn(reason, decision.reason)
+        layer = self.bert_layer()
+        layer.attention.self.attention_head_size = 48
+        self.assertIn("attention.self: head_dim 48", matching.decide("l", layer).reason)
+        layer = self.bert_layer()
+        layer.output.LayerNorm.eps = 1e-5
+        self.assertIn("different eps", matching.decide("l", layer).reason)
+        # A part that patch() already swapped counts as its original kind.
+        layer = self.bert_layer()
+        original = type(layer.output)
+        layer.output.__class__ = type("FusedBertOutput", (original,), {"_fusekit_original": original})
+        self.assertTrue(matching.decide("l", layer).fused)
+
     def test_unknown_and_known_unsupported_modules(self):
-        self.assertIsNone(matching.decide("x", stand_in("BertLayer")))
+        self.assertIsNone(matching.decide("x", stand_in("BertPooler")))
         cross = matching.decide("x", stand_in("BertCrossAttention"))
         self.assertFalse(cross.fused)
         self.assertIn("cross-attention", cross.reason)

@@ -12,6 +12,7 @@ in the autocast dtype here, which halves its bytes.
 """
 
 import dataclasses
+import functools
 import weakref
 
 import torch
@@ -148,6 +149,56 @@ class FusedBertIntermediate:
         return ops.bias_gelu(x, self.dense.bias.to(dtype), gelu_form(self.intermediate_act_fn))
 
 
+def _layer_parameters(layer):
+    """A BertLayer's 16 tensors in torch_ops/bert_layer.cpp's order."""
+    attention, intermediate, output = layer.attention, layer.intermediate, layer.output
+    own, out = attention.self, attention.output
+    return [own.query.weight, own.query.bias, own.key.weight, own.key.bias, own.value.weight, own.value.bias,
+            out.dense.weight, out.dense.bias, out.LayerNorm.weight, out.LayerNorm.bias,
+            intermediate.dense.weight, intermediate.dense.bias, output.dense.weight, output.dense.bias,
+            output.LayerNorm.weight, output.LayerNorm.bias]
+
+
+@functools.lru_cache(maxsize=None)
+def _layer_returns_tuple():
+    """Whether this transformers' BertLayer returns a tuple (layer_output, ...) (4.x) rather than the
+    tensor (5.x): the fused forward returns what the original would."""
+    import transformers
+
+    return int(transformers.__version__.split(".")[0]) < 5
+
+
+class FusedBertLayer:
+    """The whole encoder layer as one op (fusekit::bert_layer): one autograd node, its parameters
+    cast once inside, its GEMMs through fusekit's cuBLASLt path. Calls the fused path cannot take
+    (as FusedBertSelfAttention's) run the original forward, whose submodules may be fused one by
+    one."""
+
+    def forward(self, hidden_states, attention_mask=None, *args, **kwargs):
+        dtype = compute_dtype(hidden_states)
+        own = self.attention.self
+        wants_weights = kwargs.get("output_attentions") or getattr(getattr(own, "config", None), "output_attentions",
+                                                                   False)
+        lengths = None
+        # Positional arguments after the mask (head_mask, encoder states, caches, output_attentions:
+        # their order differs between transformers 4 and 5) must all be off.
+        if (all(a is None or a is False for a in args)
+                and kwargs.get("past_key_values", kwargs.get("past_key_value")) is None and not wants_weights
+                and kwargs.get("head_mask") is None and kwargs.get("encoder_hidden_states") is None
+                and dtype in HALF and hidden_states.is_cuda and hidden_states.dim() == 3):
+            batch, seq = hidden_states.shape[:2]
+            lengths = _lengths_cache.get(attention_mask, batch, seq, hidden_states.device)
+        if lengths is None:
+            return self._fusekit_original.forward(self, hidden_states, attention_mask, *args, **kwargs)
+        out = self.attention.output
+        y = ops.bert_layer(hidden_states.to(dtype), lengths, _layer_parameters(self), own.num_attention_heads,
+                           own.scaling if hasattr(own, "scaling") else own.attention_head_size ** -0.5,
+                           _dropout_p(own, own.dropout), _dropout_p(out, out.dropout),
+                           _dropout_p(self.output, self.output.dropout), out.LayerNorm.eps,
+                           gelu_form(self.intermediate.intermediate_act_fn))
+        return (y,) if _layer_returns_tuple() else y
+
+
 class FusedBertPredictionHeadTransform:
     def forward(self, hidden_states):
         if not hidden_states.is_cuda:
@@ -179,6 +230,7 @@ class FusedBertForMaskedLM:
 
 FUSED = {
     "BertEmbeddings": FusedBertEmbeddings,
+    "BertLayer": FusedBertLayer,
     "BertSelfAttention": FusedBertSelfAttention,
     "BertSelfOutput": FusedBertSublayerOutput,
     "BertOutput": FusedBertSublayerOutput,

@@ -261,6 +261,61 @@ def test_bert_attention(dtype, seq, head_dim):
             lambda qkv: attention_reference(qkv, lengths, scale), [qkv], dtype)
 
 
+def bert_layer_params(hidden, intermediate, dtype=torch.float32):
+    """A BertLayer's 16 tensors (torch_ops/bert_layer.cpp's order), at the scale of a trained layer."""
+    h, i = hidden, intermediate
+    shapes = [(h, h), (h,), (h, h), (h,), (h, h), (h,), (h, h), (h,), (h,), (h,), (i, h), (i,), (h, i), (h,), (h,), (h,)]
+    params = [randn(*s, scale=h ** -0.5 if len(s) == 2 else 0.1) for s in shapes]
+    for k in (8, 14):  # LayerNorm gammas around 1
+        params[k] = params[k] + 1
+    return [p.to(dtype) for p in params]
+
+
+def bert_layer_reference(x, lengths, heads, scale, eps, approximate, *params):
+    """Hugging Face's BertLayer (post-LN) in PyTorch ops, in x's dtype, without dropout."""
+    qw, qb, kw, kb, vw, vb, ow, ob, g1, b1, iw, ib, dw, db, g2, b2 = [p.to(x.dtype) for p in params]
+    batch, seq, hidden = x.shape
+    qkv = torch.stack([F.linear(x, qw, qb), F.linear(x, kw, kb), F.linear(x, vw, vb)], 2)
+    context = attention_reference(qkv.view(batch, seq, 3, heads, hidden // heads), lengths, scale)
+    a = F.layer_norm(x + F.linear(context, ow, ob), (hidden,), g1, b1, eps)
+    up = F.gelu(F.linear(a, iw, ib), approximate=approximate)
+    return F.layer_norm(a + F.linear(up, dw, db), (hidden,), g2, b2, eps)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("seq,heads,head_dim,inner,approximate",
+                         [(128, 12, 64, 3072, "none"), (77, 3, 32, 200, "tanh"), (40, 2, 128, 512, "none")])
+@pytest.mark.parametrize("master", ["float32", "same"])
+def test_bert_layer(dtype, seq, heads, head_dim, inner, approximate, master):
+    """The whole layer against its PyTorch composition: output, the input's and every parameter's
+    gradient; parameters in float32 (autocast's case: cast inside, gradients returned in float32) or
+    in the compute dtype."""
+    batch, hidden = 3, heads * head_dim
+    x = randn(batch, seq, hidden)
+    lengths = torch.tensor([seq, max(1, seq // 3), 1], dtype=torch.int32, device=DEVICE)
+    scale, eps = head_dim ** -0.5, 1e-12
+    cast = (lambda p: p.float()) if master == "float32" else (lambda p: p)
+    compare(lambda x, *p: fk.bert_layer(x, lengths, [cast(t) for t in p], heads, scale, eps=eps,
+                                        approximate=approximate),
+            lambda x, *p: bert_layer_reference(x, lengths, heads, scale, eps, approximate, *p),
+            [x, *bert_layer_params(hidden, inner)], dtype)
+
+
+def test_bert_layer_dropout_follows_torch_manual_seed():
+    x = randn(2, 64, 128, dtype=torch.float16)
+    lengths = torch.tensor([64, 30], dtype=torch.int32, device=DEVICE)
+    params = bert_layer_params(128, 256)
+
+    def run(seed):
+        torch.manual_seed(seed)
+        return fk.bert_layer(x, lengths, params, 2, 0.125, 0.1, 0.1, 0.1)
+
+    a, b, c = run(5), run(5), run(6)
+    plain = fk.bert_layer(x, lengths, params, 2, 0.125)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c) and not torch.equal(a, plain)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_cross_entropy(dtype, smoothing):
@@ -416,10 +471,12 @@ def opcheck_samples():
                                 relative_position_index(7), torch.zeros(4, 49, 49, device=DEVICE), 32 ** -0.5)),
         (ops.linear, (leaf(randn(6, 96, dtype=h)), leaf(randn(64, 96, dtype=h)), leaf(randn(64, dtype=h)),
                       "bias_gelu")),
+        (ops.bert_layer, (leaf(randn(2, 40, 128, dtype=h)), lengths, [leaf(p) for p in bert_layer_params(128, 256)],
+                          2, 0.125, 0.1, 0.1, 0.1, philox, 1e-12, "none")),
     ]
 
 
-@pytest.mark.parametrize("index", range(12))
+@pytest.mark.parametrize("index", range(13))
 def test_opcheck(index):
     op, args = opcheck_samples()[index]
     torch.library.opcheck(op, args)
@@ -444,6 +501,15 @@ def test_bad_input_raises_one_clear_error():
         fk.bias_dropout_residual_layer_norm(x, w, x, w, w, 1.0)
     with pytest.raises(TypeError, match="labels must be Long"):
         fk.cross_entropy(x, torch.zeros(4, dtype=torch.int32, device=DEVICE))
+    layer_x, layer_lengths = randn(1, 8, 64, dtype=torch.float16), torch.ones(1, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="params must hold the layer's 16 tensors, not 15"):
+        fk.bert_layer(layer_x, layer_lengths, bert_layer_params(64, 128)[:15], 1, 0.125)
+    with pytest.raises(TypeError, match="x must be float16 or bfloat16"):
+        fk.bert_layer(layer_x.float(), layer_lengths, bert_layer_params(64, 128), 1, 0.125)
+    with pytest.raises(ValueError, match=r"params\[10\] has shape \[128, 32\], expected \[128, 64\]"):
+        wrong = bert_layer_params(64, 128)
+        wrong[10] = randn(128, 32)
+        fk.bert_layer(layer_x, layer_lengths, wrong, 1, 0.125)
 
 
 def test_adamw_matches_torch():

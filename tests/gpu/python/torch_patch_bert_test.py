@@ -73,9 +73,9 @@ def test_patch_reports_what_it_fused():
     model = make_model()
     report = fusekit.torch.patch(model)
     fused = {d.kind for d in report.fused()}
-    assert fused == {"BertEmbeddings", "BertSelfAttention", "BertSelfOutput", "BertOutput", "BertIntermediate",
-                     "BertPredictionHeadTransform", "BertForMaskedLM"}, str(report)
-    assert len(report.fused()) == 1 + 2 * 4 + 2  # embeddings, 4 per layer, head transform, the loss
+    assert fused == {"BertEmbeddings", "BertLayer", "BertSelfAttention", "BertSelfOutput", "BertOutput",
+                     "BertIntermediate", "BertPredictionHeadTransform", "BertForMaskedLM"}, str(report)
+    assert len(report.fused()) == 1 + 2 * 5 + 2  # embeddings, the layer and its 4 parts, head transform, the loss
     assert "FusedBertSelfAttention" in repr(model)
     assert fusekit.torch.unpatch(model) == len(report.fused())
     assert "Fused" not in repr(model)
@@ -90,7 +90,7 @@ def test_only_and_exclude_choose_the_kinds_fused(recwarn):
     fusekit.torch.unpatch(model)
     report = fusekit.torch.patch(model, exclude=["BertForMaskedLM", "BertEmbeddings"])
     assert {d.kind for d in report.kept()} == {"BertForMaskedLM", "BertEmbeddings"}, str(report)
-    assert len(report.fused()) == 2 * 4 + 1
+    assert len(report.fused()) == 2 * 5 + 1
     # One step's loss within the whole patch's bound (test_one_step_gradients_match_the_unpatched_model).
     batch = make_batch()
     patched_loss, _ = loss_and_grads(model, batch, torch.float16)
@@ -102,6 +102,34 @@ def test_only_and_exclude_choose_the_kinds_fused(recwarn):
     with pytest.raises(ValueError, match="only= names 'BertAttention'"):
         fusekit.torch.patch(model, only={"BertAttention"})
     assert "Fused" not in repr(model)
+
+
+def test_each_encoder_layer_runs_as_one_op(monkeypatch):
+    """Under autocast every BertLayer takes fusekit::bert_layer (one call per layer and step); with
+    exclude={"BertLayer"} none does, and both patched models' losses agree within AMP's bound."""
+    calls = []
+    original = fusekit.ops.bert_layer
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(fusekit.ops, "bert_layer", counted)
+    batch = make_batch()
+    model = make_model(layers=3)
+    ref_loss, _ = loss_and_grads(model, batch)
+    amp_loss, _ = loss_and_grads(model, batch, torch.float16)
+    fusekit.torch.patch(model)
+    layer_loss, grads = loss_and_grads(model, batch, torch.float16)
+    assert len(calls) == 3, calls
+    assert all(g.dtype == torch.float64 and torch.isfinite(g).all() for g in grads.values())
+    assert all(p.grad.dtype == torch.float32 for p in model.parameters() if p.grad is not None)
+    fusekit.torch.unpatch(model)
+    fusekit.torch.patch(model, exclude={"BertLayer"})
+    per_op_loss, _ = loss_and_grads(model, batch, torch.float16)
+    assert len(calls) == 3
+    bound = max(2 * abs(amp_loss - ref_loss), FLOOR[torch.float16] * abs(ref_loss))
+    assert abs(layer_loss - ref_loss) <= bound and abs(per_op_loss - ref_loss) <= bound
 
 
 def test_unsupported_head_dim_is_kept_with_a_warning():
