@@ -354,6 +354,55 @@ struct BertLayer : torch::autograd::Function<BertLayer> {
   }
 };
 
+// One node for a whole Swin block, as BertLayer; mask stays an optional (Softmax's note).
+struct SwinBlock : torch::autograd::Function<SwinBlock> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList params,
+                               const at::Tensor& index, const std::optional<at::Tensor>& mask, at::ScalarType dtype,
+                               int64_t window, int64_t shift, int64_t heads, double scale, double eps1, double eps2,
+                               const std::string& approximate) {
+    static const auto forward_op = op<std::tuple<at::Tensor, std::vector<at::Tensor>>(
+        const at::Tensor&, at::TensorList, const at::Tensor&, const std::optional<at::Tensor>&, at::ScalarType, int64_t,
+        int64_t, int64_t, double, double, double, c10::string_view)>("fusekit::swin_block");
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [y, saved] =
+        forward_op.call(x, params, index, mask, dtype, window, shift, heads, scale, eps1, eps2, approximate);
+    variable_list to_save{x, index, mask.value_or(at::Tensor())};
+    to_save.insert(to_save.end(), params.begin(), params.end());
+    to_save.insert(to_save.end(), saved.begin(), saved.end());
+    ctx->save_for_backward(to_save);
+    ctx->mark_non_differentiable(saved);
+    ctx->saved_data["params"] = static_cast<int64_t>(params.size());
+    ctx->saved_data["window"] = window;
+    ctx->saved_data["shift"] = shift;
+    ctx->saved_data["heads"] = heads;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["approximate"] = approximate;
+    variable_list out{y};
+    out.insert(out.end(), saved.begin(), saved.end());
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto backward_op = op<std::tuple<at::Tensor, std::vector<at::Tensor>>(
+        const at::Tensor&, const at::Tensor&, at::TensorList, const at::Tensor&, const std::optional<at::Tensor>&,
+        at::TensorList, int64_t, int64_t, int64_t, double, c10::string_view)>("fusekit::swin_block_backward");
+    const variable_list s = ctx->get_saved_variables();
+    const int64_t n = ctx->saved_data["params"].toInt();
+    const std::optional<at::Tensor> mask = s[2].defined() ? std::optional<at::Tensor>(s[2]) : std::nullopt;
+    const std::vector<at::Tensor> params(s.begin() + 3, s.begin() + 3 + n);
+    const std::vector<at::Tensor> saved(s.begin() + 3 + n, s.end());
+    auto [dx, dparams] =
+        backward_op.call(contiguous(grads[0]), s[0], params, s[1], mask, saved, ctx->saved_data["window"].toInt(),
+                         ctx->saved_data["shift"].toInt(), ctx->saved_data["heads"].toInt(),
+                         ctx->saved_data["scale"].toDouble(), ctx->saved_data["approximate"].toStringRef());
+    // One gradient per input as apply() flattened them: x, each param, then index, the mask where
+    // given, and the non-tensor arguments (undefined, trimmed by apply()).
+    variable_list out{dx};
+    out.insert(out.end(), dparams.begin(), dparams.end());
+    out.resize(out.size() + 10);
+    return out;
+  }
+};
+
 // ---- the kernels registered at the Autograd key: the schemas' signatures
 
 Tensor3 layernorm(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta, double eps) {
@@ -429,6 +478,16 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> bert_layer(const at::Tensor& x, 
   return {out[0], std::vector<at::Tensor>(out.begin() + 1, out.end())};
 }
 
+std::tuple<at::Tensor, std::vector<at::Tensor>> swin_block(const at::Tensor& x, at::TensorList params,
+                                                           const at::Tensor& index,
+                                                           const std::optional<at::Tensor>& mask, at::ScalarType dtype,
+                                                           int64_t window, int64_t shift, int64_t heads, double scale,
+                                                           double eps1, double eps2, c10::string_view approximate) {
+  const variable_list out = SwinBlock::apply(x, params, index, mask, dtype, window, shift, heads, scale, eps1, eps2,
+                                             std::string(approximate.data(), approximate.size()));
+  return {out[0], std::vector<at::Tensor>(out.begin() + 1, out.end())};
+}
+
 }  // namespace
 }  // namespace fusekit::torch_ops
 
@@ -451,5 +510,6 @@ extern "C" int fusekit_enable_cpp_autograd() {
   library->impl("patch_merging", &patch_merging);
   library->impl("window_attention", &window_attention);
   library->impl("bert_layer", &bert_layer);
+  library->impl("swin_block", &swin_block);
   return 1;
 }

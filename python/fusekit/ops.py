@@ -156,6 +156,27 @@ def _(dy, x, lengths, params, saved, heads, scale, p_attention, p_attention_outp
     return torch.empty_like(x), [torch.empty_like(p) for p in params]
 
 
+@torch.library.register_fake("fusekit::swin_block")
+def _(x, params, index, mask, dtype, window, shift, heads, scale, eps1, eps2, approximate):
+    batch, height, width, channels = x.shape
+    tokens, n = batch * height * width, window * window
+    windows = tokens // n
+    features = params[9].shape[0]
+    norms = sum(params[k].numel() for k in (0, 1, 7, 8))
+    packed = sum(params[k].numel() for k in range(13)) - norms
+    f = _float
+    shapes = [((norms,), x.dtype), ((packed,), dtype), ((windows, n, channels), dtype), ((tokens,), f), ((tokens,), f),
+              ((windows, n, 3, heads, channels // heads), dtype), ((windows, n, channels), dtype),
+              ((heads, n, n), f), ((windows, heads, n), f), (tuple(x.shape), x.dtype), ((tokens,), f),
+              ((tokens,), f), ((tokens, channels), dtype), ((tokens, features), dtype), ((tokens, features), dtype)]
+    return torch.empty_like(x), [x.new_empty(shape, dtype=t) for shape, t in shapes]
+
+
+@torch.library.register_fake("fusekit::swin_block_backward")
+def _(dy, x, params, index, mask, saved, window, shift, heads, scale, approximate):
+    return torch.empty_like(x), [torch.empty_like(p) for p in params]
+
+
 @torch.library.register_fake("fusekit::cross_entropy")
 def _(logits, labels, ignore_index, label_smoothing):
     return (logits.new_empty((), dtype=_float), logits.new_empty((logits.shape[0],), dtype=_float),
@@ -250,7 +271,8 @@ def _(y, dy, scale):
 CPP_AUTOGRAD_OPS = {"fusekit::layernorm", "fusekit::bias_gelu", "fusekit::bias_dropout_residual_layernorm",
                     "fusekit::embedding_layernorm", "fusekit::bert_attention", "fusekit::cross_entropy",
                     "fusekit::softmax", "fusekit::window_partition", "fusekit::window_merge",
-                    "fusekit::patch_merging", "fusekit::window_attention", "fusekit::bert_layer"}
+                    "fusekit::patch_merging", "fusekit::window_attention", "fusekit::bert_layer",
+                    "fusekit::swin_block"}
 
 
 def _register_autograd(name, backward, setup_context):
@@ -367,6 +389,25 @@ def _bert_layer_backward(ctx, dy, _dsaved):
 
 
 _register_autograd("fusekit::bert_layer", _bert_layer_backward, setup_context=_bert_layer_setup)
+
+
+def _swin_block_setup(ctx, inputs, output):
+    x, params, index, mask, dtype, window, shift, heads, scale, eps1, eps2, approximate = inputs
+    y, saved = output
+    ctx.mark_non_differentiable(*saved)
+    ctx.save_for_backward(x, index, mask, *params, *saved)
+    ctx.params = len(params)
+    ctx.args = (window, shift, heads, scale, approximate)
+
+
+def _swin_block_backward(ctx, dy, _dsaved):
+    x, index, mask, *rest = ctx.saved_tensors
+    params, saved = rest[:ctx.params], rest[ctx.params:]
+    dx, dparams = _ops.swin_block_backward(dy.contiguous(), x, params, index, mask, saved, *ctx.args)
+    return dx, list(dparams), None, None, None, None, None, None, None, None, None, None
+
+
+_register_autograd("fusekit::swin_block", _swin_block_backward, setup_context=_swin_block_setup)
 
 
 def _cross_entropy_setup(ctx, inputs, output):
@@ -528,6 +569,16 @@ def bert_layer(x, lengths, params, heads, scale, p_attention=0.0, p_attention_ou
     p = max(p_attention, p_attention_output, p_output)
     return _ops.bert_layer(x.contiguous(), lengths, list(params), heads, scale, p_attention, p_attention_output,
                            p_output, philox(p, x), eps, approximate)[0]
+
+
+def swin_block(x, params, index, mask, dtype, window, shift, heads, scale, eps1=1e-5, eps2=1e-5, approximate="none"):
+    """A whole Swin Transformer block (timm's SwinTransformerBlock, no dropout or stochastic depth)
+    as one op: x [B, H, W, C] in the residual stream's dtype, dtype the compute dtype (float16 or
+    bfloat16), params the block's 13 tensors in torch_ops/swin_block.cpp's order (norm1, qkv, the
+    relative position bias table, proj, norm2, fc1, fc2), any floating dtype; index int32 [N, N];
+    mask float32 [windows per image, N, N] or None."""
+    return _ops.swin_block(x.contiguous(), list(params), index, mask, dtype, window, shift, heads, scale, eps1, eps2,
+                           approximate)[0]
 
 
 def cross_entropy(logits, labels, ignore_index=-100, label_smoothing=0.0):

@@ -5,7 +5,9 @@ included), the projection GEMM, and window reverse + reverse shift + residual ad
 its MLP branch as LayerNorm, a GEMM, bias + GELU and a GEMM; PatchMerging as the 2x2 gather +
 LayerNorm (one kernel) and the reduction GEMM. Parameters and buffers are the modules' own.
 
-Stochastic depth (DropPath) keeps timm's semantics: each sample's branch is dropped with the
+A block runs as one op (fusekit::swin_block) where a call draws no random mask (no projection
+dropout or stochastic depth in training); otherwise as the ops above. Stochastic depth (DropPath)
+keeps timm's semantics: each sample's branch is dropped with the
 module's probability and the kept ones scaled by 1 / keep, drawn from PyTorch's generator (other
 draws than timm's). A call the kernels do not cover (a resolution that is not a multiple of the
 window, float32 without autocast for the attention, CPU tensors) runs the original forward.
@@ -44,6 +46,21 @@ def _int32_index(attn):
     return cached[2]
 
 
+# Whether a block without dropout or stochastic depth runs as one op (fusekit::swin_block: one
+# autograd node, its parameters cast once inside) rather than the per-op path below; False to
+# compare the two.
+BLOCK_OP = True
+
+
+def _drops(block):
+    """Whether this call draws a random mask (the block op has none): proj dropout or stochastic
+    depth, in training."""
+    if not block.training:
+        return False
+    return bool(block.attn.proj_drop.p or getattr(block.drop_path1, "drop_prob", 0.0)
+                or getattr(block.drop_path2, "drop_prob", 0.0))
+
+
 class FusedSwinTransformerBlock:
     """The residual stream stays in the block input's dtype (float32 under autocast, as timm's
     additions leave it), and so do the LayerNorms and the window partition and merge that carry
@@ -59,11 +76,17 @@ class FusedSwinTransformerBlock:
         attn, norm1, norm2, mlp = self.attn, self.norm1, self.norm2, self.mlp
         stream = x.dtype
         x = x.contiguous()
+        mask = self.attn_mask.float() if shift and self.attn_mask is not None else None
+        if BLOCK_OP and not _drops(self):
+            params = [norm1.weight, norm1.bias, attn.qkv.weight, attn.qkv.bias, attn.relative_position_bias_table,
+                      attn.proj.weight, attn.proj.bias, norm2.weight, norm2.bias, mlp.fc1.weight, mlp.fc1.bias,
+                      mlp.fc2.weight, mlp.fc2.bias]
+            return ops.swin_block(x, params, _int32_index(attn), mask, dtype, window, shift, attn.num_heads,
+                                  attn.scale, norm1.eps, norm2.eps, gelu_form(mlp.act))
         windows = ops.window_partition(x, norm1.weight.to(stream), norm1.bias.to(stream), window, shift, norm1.eps)
         qkv = F.linear(windows.to(dtype), attn.qkv.weight.to(dtype), attn.qkv.bias.to(dtype))
         qkv = qkv.view(windows.shape[0], window * window, 3, attn.num_heads, -1)
         index = _int32_index(attn)
-        mask = self.attn_mask.float() if shift and self.attn_mask is not None else None
         out = ops.window_attention(qkv, attn.relative_position_bias_table.to(dtype), index, mask, attn.scale)
         proj = F.linear(out, attn.proj.weight.to(dtype), attn.proj.bias.to(dtype))
         proj = F.dropout(proj, attn.proj_drop.p, self.training)

@@ -264,7 +264,8 @@ def test_bert_attention(dtype, seq, head_dim):
 def bert_layer_params(hidden, intermediate, dtype=torch.float32):
     """A BertLayer's 16 tensors (torch_ops/bert_layer.cpp's order), at the scale of a trained layer."""
     h, i = hidden, intermediate
-    shapes = [(h, h), (h,), (h, h), (h,), (h, h), (h,), (h, h), (h,), (h,), (h,), (i, h), (i,), (h, i), (h,), (h,), (h,)]
+    shapes = [(h, h), (h,), (h, h), (h,), (h, h), (h,), (h, h), (h,), (h,), (h,), (i, h), (i,), (h, i), (h,),
+              (h,), (h,)]
     params = [randn(*s, scale=h ** -0.5 if len(s) == 2 else 0.1) for s in shapes]
     for k in (8, 14):  # LayerNorm gammas around 1
         params[k] = params[k] + 1
@@ -426,6 +427,60 @@ def test_window_attention(dtype, window, heads, head_dim, masked):
     compare(lambda qkv, table: fk.window_attention(qkv, table, index, mask, scale), reference, [qkv, table], dtype)
 
 
+def window_attention_reference(qkv, table, index, mask, scale):
+    windows, tokens, _, heads, head_dim = qkv.shape
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [windows, heads, tokens, head_dim]
+    bias = table[index.long().view(-1)].view(tokens, tokens, heads).permute(2, 0, 1)
+    s = (q @ k.transpose(-1, -2)) * scale + bias
+    if mask is not None:
+        s = (s.view(-1, mask.shape[0], heads, tokens, tokens) + mask[None, :, None].to(s.dtype)).view_as(s)
+    return (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(windows, tokens, heads * head_dim)
+
+
+def swin_block_params(channels, heads, window, features):
+    c, f = channels, features
+    shapes = [(c,), (c,), (3 * c, c), (3 * c,), ((2 * window - 1) ** 2, heads), (c, c), (c,), (c,), (c,), (f, c), (f,),
+              (c, f), (c,)]
+    params = [randn(*s, scale=s[1] ** -0.5 if len(s) == 2 and s[0] != (2 * window - 1) ** 2 else 0.1)
+              for s in shapes]
+    for k in (0, 7):  # LayerNorm gammas around 1
+        params[k] = params[k] + 1
+    return params
+
+
+def swin_block_reference(x, index, mask, window, shift, heads, scale, *p):
+    """timm's SwinTransformerBlock in PyTorch ops (no dropout, no stochastic depth), in x's dtype."""
+    n1w, n1b, qw, qb, table, pw, pb, n2w, n2b, f1w, f1b, f2w, f2b = [t.to(x.dtype) for t in p]
+    b, h, w, c = x.shape
+    windows = swin_roll_partition(F.layer_norm(x, (c,), n1w, n1b, 1e-5), window, shift)
+    qkv = F.linear(windows, qw, qb).view(windows.shape[0], window * window, 3, heads, c // heads)
+    out = window_attention_reference(qkv, table, index, mask, scale)
+    y1 = x + swin_reverse_roll(F.linear(out, pw, pb), b, h, w, window, shift)
+    return y1 + F.linear(F.gelu(F.linear(F.layer_norm(y1, (c,), n2w, n2b, 1e-5), f1w, f1b)), f2w, f2b)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("shape", [(2, 14, 14, 96, 3, 3), (1, 7, 21, 64, 2, 0), (3, 14, 7, 128, 2, 3)])
+@pytest.mark.parametrize("stream", ["float32", "same"])
+def test_swin_block(dtype, shape, stream):
+    """The whole block against its PyTorch composition: output, the input's and every parameter's
+    gradient; the residual stream and the parameters in float32 (autocast's case) or in the compute
+    dtype."""
+    b, h, w, c, heads, shift = shape
+    window, tokens = 7, 49
+    x = randn(b, h, w, c)
+    index = relative_position_index(window)
+    mask = None
+    if shift:
+        mask = torch.where(torch.rand((h // window) * (w // window), tokens, tokens, device=DEVICE) < 0.3, -100.0, 0.0)
+        mask[:, torch.arange(tokens), torch.arange(tokens)] = 0.0
+    scale = (c // heads) ** -0.5
+    up = (lambda t: t.float()) if stream == "float32" else (lambda t: t)
+    compare(lambda x, *p: fk.swin_block(up(x), [up(t) for t in p], index, mask, dtype, window, shift, heads, scale),
+            lambda x, *p: swin_block_reference(x, index, mask, window, shift, heads, scale, *p),
+            [x, *swin_block_params(c, heads, window, 4 * c)], dtype)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("epilogue", ["bias", "bias_gelu"])
 @pytest.mark.parametrize("m,n,k", [(8192, 3072, 768), (77, 64, 100), (1, 8, 3)])
@@ -473,10 +528,13 @@ def opcheck_samples():
                       "bias_gelu")),
         (ops.bert_layer, (leaf(randn(2, 40, 128, dtype=h)), lengths, [leaf(p) for p in bert_layer_params(128, 256)],
                           2, 0.125, 0.1, 0.1, 0.1, philox, 1e-12, "none")),
+        (ops.swin_block, (leaf(randn(2, 14, 14, 64)), [leaf(p) for p in swin_block_params(64, 2, 7, 256)],
+                          relative_position_index(7), torch.zeros(4, 49, 49, device=DEVICE), h, 7, 3, 2, 32 ** -0.5,
+                          1e-5, 1e-5, "none")),
     ]
 
 
-@pytest.mark.parametrize("index", range(13))
+@pytest.mark.parametrize("index", range(14))
 def test_opcheck(index):
     op, args = opcheck_samples()[index]
     torch.library.opcheck(op, args)
@@ -510,6 +568,11 @@ def test_bad_input_raises_one_clear_error():
         wrong = bert_layer_params(64, 128)
         wrong[10] = randn(128, 32)
         fk.bert_layer(layer_x, layer_lengths, wrong, 1, 0.125)
+    block_x, index = randn(1, 7, 7, 64), relative_position_index(7)
+    with pytest.raises(ValueError, match="params must hold the block's 13 tensors, not 12"):
+        fk.swin_block(block_x, swin_block_params(64, 2, 7, 256)[:12], index, None, torch.float16, 7, 0, 2, 0.17)
+    with pytest.raises(TypeError, match="dtype .the compute dtype. must be float16 or bfloat16"):
+        fk.swin_block(block_x, swin_block_params(64, 2, 7, 256), index, None, torch.float32, 7, 0, 2, 0.17)
 
 
 def test_adamw_matches_torch():

@@ -65,6 +65,38 @@ def test_one_step_gradients_match_the_unpatched_model(dtype):
     assert worst[0] <= 1.0, worst
 
 
+def test_each_block_runs_as_one_op(monkeypatch):
+    """Without stochastic depth every block takes fusekit::swin_block under autocast (12 calls a
+    step for Swin-T); with it (training, drop_path > 0) or with BLOCK_OP off, the per-op path; the
+    block op's and the per-op path's losses agree within AMP's bound."""
+    calls = []
+    original = fusekit.ops.swin_block
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(fusekit.ops, "swin_block", counted)
+    batch = make_batch()
+    model = make_model()
+    ref_loss, _ = loss_and_grads(model, batch)
+    amp_loss, _ = loss_and_grads(model, batch, torch.float16)
+    fusekit.torch.patch(model)
+    block_loss, grads = loss_and_grads(model, batch, torch.float16)
+    assert len(calls) == 12, calls
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    monkeypatch.setattr(fusekit.torch.swin, "BLOCK_OP", False)
+    per_op_loss, _ = loss_and_grads(model, batch, torch.float16)
+    assert len(calls) == 12
+    bound = max(2 * abs(amp_loss - ref_loss), FLOOR[torch.float16] * abs(ref_loss))
+    assert abs(block_loss - ref_loss) <= bound and abs(per_op_loss - ref_loss) <= bound
+    monkeypatch.setattr(fusekit.torch.swin, "BLOCK_OP", True)
+    dropping = make_model(drop_path=0.1)
+    fusekit.torch.patch(dropping)
+    loss_and_grads(dropping, batch, torch.float16)
+    assert len(calls) == 12 + 1  # only stage 0's first block has drop_prob 0 (timm's linear schedule)
+
+
 def train(model, steps):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     scaler = torch.amp.GradScaler("cuda", init_scale=1024.0)
