@@ -322,6 +322,7 @@ struct BertLayer : torch::autograd::Function<BertLayer> {
     to_save.insert(to_save.end(), saved.begin(), saved.end());
     ctx->save_for_backward(to_save);
     ctx->mark_non_differentiable(saved);
+    ctx->set_materialize_grads(false);  // no zero-filled gradients for the saved outputs
     ctx->saved_data["params"] = static_cast<int64_t>(params.size());
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["scale"] = scale;
@@ -339,6 +340,7 @@ struct BertLayer : torch::autograd::Function<BertLayer> {
         double, double, double, const at::Tensor&, c10::string_view)>("fusekit::bert_layer_backward");
     const variable_list s = ctx->get_saved_variables();
     const int64_t n = ctx->saved_data["params"].toInt();
+    if (!grads[0].defined()) return variable_list(2 + n + 8);  // no gradient reached the output
     const std::vector<at::Tensor> params(s.begin() + 3, s.begin() + 3 + n);
     const std::vector<at::Tensor> saved(s.begin() + 3 + n, s.end());
     auto [dx, dparams] =
@@ -371,6 +373,7 @@ struct SwinBlock : torch::autograd::Function<SwinBlock> {
     to_save.insert(to_save.end(), saved.begin(), saved.end());
     ctx->save_for_backward(to_save);
     ctx->mark_non_differentiable(saved);
+    ctx->set_materialize_grads(false);  // no zero-filled gradients for the saved outputs
     ctx->saved_data["params"] = static_cast<int64_t>(params.size());
     ctx->saved_data["window"] = window;
     ctx->saved_data["shift"] = shift;
@@ -387,6 +390,7 @@ struct SwinBlock : torch::autograd::Function<SwinBlock> {
         at::TensorList, int64_t, int64_t, int64_t, double, c10::string_view)>("fusekit::swin_block_backward");
     const variable_list s = ctx->get_saved_variables();
     const int64_t n = ctx->saved_data["params"].toInt();
+    if (!grads[0].defined()) return variable_list(1 + n + 10);
     const std::optional<at::Tensor> mask = s[2].defined() ? std::optional<at::Tensor>(s[2]) : std::nullopt;
     const std::vector<at::Tensor> params(s.begin() + 3, s.begin() + 3 + n);
     const std::vector<at::Tensor> saved(s.begin() + 3 + n, s.end());

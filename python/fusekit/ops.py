@@ -374,6 +374,7 @@ def _bert_layer_setup(ctx, inputs, output):
     x, lengths, params, heads, scale, p_attention, p_attention_output, p_output, philox_, eps, approximate = inputs
     y, saved = output
     ctx.mark_non_differentiable(*saved)
+    ctx.set_materialize_grads(False)  # no zero-filled gradients for the saved outputs
     ctx.save_for_backward(x, lengths, philox_, *params, *saved)
     ctx.params = len(params)
     ctx.args = (heads, scale, p_attention, p_attention_output, p_output)
@@ -381,6 +382,8 @@ def _bert_layer_setup(ctx, inputs, output):
 
 
 def _bert_layer_backward(ctx, dy, _dsaved):
+    if dy is None:
+        return (None,) * 11
     x, lengths, philox_, *rest = ctx.saved_tensors
     params, saved = rest[:ctx.params], rest[ctx.params:]
     dx, dparams = _ops.bert_layer_backward(dy.contiguous(), x, lengths, params, saved, *ctx.args, philox_,
@@ -395,12 +398,15 @@ def _swin_block_setup(ctx, inputs, output):
     x, params, index, mask, dtype, window, shift, heads, scale, eps1, eps2, approximate = inputs
     y, saved = output
     ctx.mark_non_differentiable(*saved)
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, index, mask, *params, *saved)
     ctx.params = len(params)
     ctx.args = (window, shift, heads, scale, approximate)
 
 
 def _swin_block_backward(ctx, dy, _dsaved):
+    if dy is None:
+        return (None,) * 12
     x, index, mask, *rest = ctx.saved_tensors
     params, saved = rest[:ctx.params], rest[ctx.params:]
     dx, dparams = _ops.swin_block_backward(dy.contiguous(), x, params, index, mask, saved, *ctx.args)

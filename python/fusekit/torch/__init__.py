@@ -48,8 +48,10 @@ def _fused_class(original, kind):
     key = (original, kind)
     if key not in _FUSED_CLASSES:
         mixin = FUSED[kind]
-        _FUSED_CLASSES[key] = type("Fused" + original.__name__, (mixin, original),
-                                   {"_fusekit_original": original, "__module__": mixin.__module__})
+        attributes = {"_fusekit_original": original, "__module__": mixin.__module__}
+        if hasattr(mixin, "_fusekit_class_attributes"):  # constants a fused forward reads (bert.FusedBertLayer)
+            attributes.update(mixin._fusekit_class_attributes(original))
+        _FUSED_CLASSES[key] = type("Fused" + original.__name__, (mixin, original), attributes)
     return _FUSED_CLASSES[key]
 
 

@@ -12,7 +12,7 @@ in the autocast dtype here, which halves its bytes.
 """
 
 import dataclasses
-import functools
+import importlib
 import weakref
 
 import torch
@@ -159,20 +159,20 @@ def _layer_parameters(layer):
             output.LayerNorm.weight, output.LayerNorm.bias]
 
 
-@functools.lru_cache(maxsize=None)
-def _layer_returns_tuple():
-    """Whether this transformers' BertLayer returns a tuple (layer_output, ...) (4.x) rather than the
-    tensor (5.x): the fused forward returns what the original would."""
-    import transformers
-
-    return int(transformers.__version__.split(".")[0]) < 5
-
-
 class FusedBertLayer:
     """The whole encoder layer as one op (fusekit::bert_layer): one autograd node, its parameters
     cast once inside, its GEMMs through fusekit's cuBLASLt path. Calls the fused path cannot take
     (as FusedBertSelfAttention's) run the original forward, whose submodules may be fused one by
     one."""
+
+    @staticmethod
+    def _fusekit_class_attributes(original):
+        """Set once on the fused class (fusekit.torch._fused_class), so that forward reads a
+        constant: whether this transformers' BertLayer returns a tuple (layer_output, ...) (4.x)
+        rather than the tensor (5.x); the fused forward returns what the original would."""
+        package = importlib.import_module(original.__module__.split(".")[0])
+        major = str(getattr(package, "__version__", "5")).split(".")[0]
+        return {"_fusekit_returns_tuple": major.isdigit() and int(major) < 5}
 
     def forward(self, hidden_states, attention_mask=None, *args, **kwargs):
         dtype = compute_dtype(hidden_states)
@@ -196,7 +196,7 @@ class FusedBertLayer:
                            _dropout_p(own, own.dropout), _dropout_p(out, out.dropout),
                            _dropout_p(self.output, self.output.dropout), out.LayerNorm.eps,
                            gelu_form(self.intermediate.intermediate_act_fn))
-        return (y,) if _layer_returns_tuple() else y
+        return (y,) if self._fusekit_returns_tuple else y
 
 
 class FusedBertPredictionHeadTransform:

@@ -22,19 +22,22 @@ FLOOR = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 DEVICE = "cuda"
 
 
-def relative_error(out, ref):
+def relative_error(out, ref, floor=1e-30):
     out, ref = out.double(), ref.double()
     assert torch.isfinite(out).all(), "non-finite output"
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    return ((out - ref).norm() / ref.norm().clamp_min(floor)).item()
 
 
 def leaf(t):
     return t.detach().clone().requires_grad_(True)
 
 
-def compare(fused_fn, torch_fn, inputs, dtype, grad_seed=7):
+def compare(fused_fn, torch_fn, inputs, dtype, grad_seed=7, floored=()):
     """Runs fused_fn and torch_fn (a PyTorch composition) on copies of `inputs` (the float ones
-    require grad), in dtype and float64; checks the output and every input gradient."""
+    require grad), in dtype and float64; checks the output and every input gradient. `floored`:
+    indices of inputs whose gradient is zero in exact arithmetic (a key projection's bias: softmax
+    ignores a constant added to a row of scores), measured against 1e-3 of the mean gradient norm
+    instead of their own norm, which is rounding noise."""
     floats = [i for i, t in enumerate(inputs) if t.is_floating_point()]
 
     def run(fn, cast):
@@ -48,12 +51,14 @@ def compare(fused_fn, torch_fn, inputs, dtype, grad_seed=7):
     ref_out, ref_grads = run(torch_fn, torch.float64)
     base_out, base_grads = run(torch_fn, dtype)
     out, grads = run(fused_fn, dtype)
-    checks = [("output", out, base_out, ref_out)] + [
-        (f"grad of input {i}", g, bg, rg) for i, g, bg, rg in zip(floats, grads, base_grads, ref_grads)]
-    for name, value, baseline, reference in checks:
+    checks = [("output", out, base_out, ref_out, 1e-30)]
+    mean_norm = sum(g.double().norm().item() for g in ref_grads) / max(len(ref_grads), 1)
+    for i, g, bg, rg in zip(floats, grads, base_grads, ref_grads):
+        checks.append((f"grad of input {i}", g, bg, rg, 1e-3 * mean_norm if i in floored else 1e-30))
+    for name, value, baseline, reference, floor in checks:
         assert value is not None, f"{name}: no gradient"
-        bound = max(2 * relative_error(baseline, reference), FLOOR[dtype])
-        error = relative_error(value, reference)
+        bound = max(2 * relative_error(baseline, reference, floor), FLOOR[dtype])
+        error = relative_error(value, reference, floor)
         assert error <= bound, f"{name}: error {error:.3g} > {bound:.3g} ({dtype})"
 
 
@@ -299,7 +304,7 @@ def test_bert_layer(dtype, seq, heads, head_dim, inner, approximate, master):
     compare(lambda x, *p: fk.bert_layer(x, lengths, [cast(t) for t in p], heads, scale, eps=eps,
                                         approximate=approximate),
             lambda x, *p: bert_layer_reference(x, lengths, heads, scale, eps, approximate, *p),
-            [x, *bert_layer_params(hidden, inner)], dtype)
+            [x, *bert_layer_params(hidden, inner)], dtype, floored=(4,))  # input 4: the key bias
 
 
 def test_bert_layer_dropout_follows_torch_manual_seed():
