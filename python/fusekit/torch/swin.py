@@ -13,6 +13,8 @@ draws than timm's). A call the kernels do not cover (a resolution that is not a 
 window, float32 without autocast for the attention, CPU tensors) runs the original forward.
 """
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -47,9 +49,9 @@ def _int32_index(attn):
 
 
 # Whether a block without dropout or stochastic depth runs as one op (fusekit::swin_block: one
-# autograd node, its parameters cast once inside) rather than the per-op path below; False to
-# compare the two.
-BLOCK_OP = True
+# autograd node, its parameters cast once inside) rather than the per-op path below; False (or
+# FUSEKIT_SWIN_BLOCK_OP=0 in the environment) to compare the two.
+BLOCK_OP = os.environ.get("FUSEKIT_SWIN_BLOCK_OP", "1") != "0"
 
 
 def _drops(block):
