@@ -304,6 +304,37 @@ struct WindowAttention : torch::autograd::Function<WindowAttention> {
   }
 };
 
+// ---- layer-level ops (bert_layer, swin_block): one node over a layer's inputs, its parameters
+// (a TensorList) and the tensors its forward saved for the backward (outputs, not differentiable).
+
+// Saves `head` (the layer's other tensor inputs), then the parameters, then the saved outputs.
+void save_layer(AutogradContext* ctx, variable_list head, at::TensorList params, const variable_list& saved) {
+  head.insert(head.end(), params.begin(), params.end());
+  head.insert(head.end(), saved.begin(), saved.end());
+  ctx->save_for_backward(head);
+  ctx->mark_non_differentiable(saved);
+  ctx->set_materialize_grads(false);  // no zero-filled gradients for the saved outputs
+  ctx->saved_data["params"] = static_cast<int64_t>(params.size());
+}
+
+struct LayerSaved {
+  variable_list head, params, saved;
+};
+
+LayerSaved restore_layer(AutogradContext* ctx, size_t head) {
+  const variable_list s = ctx->get_saved_variables();
+  const auto n = static_cast<size_t>(ctx->saved_data["params"].toInt());
+  return {variable_list(s.begin(), s.begin() + head), variable_list(s.begin() + head, s.begin() + head + n),
+          variable_list(s.begin() + head + n, s.end())};
+}
+
+// The forward's outputs: y, then the saved tensors.
+variable_list layer_outputs(const at::Tensor& y, const variable_list& saved) {
+  variable_list out{y};
+  out.insert(out.end(), saved.begin(), saved.end());
+  return out;
+}
+
 // One node for a whole encoder layer: the params' gradients come back in their own dtype (float32
 // under autocast), so AccumulateGrad takes them as they are, with no cast node per parameter.
 struct BertLayer : torch::autograd::Function<BertLayer> {
@@ -317,37 +348,26 @@ struct BertLayer : torch::autograd::Function<BertLayer> {
     at::AutoDispatchBelowADInplaceOrView below;
     auto [y, saved] = forward_op.call(x, lengths, params, heads, scale, p_attention, p_attention_output, p_output,
                                       philox, eps, approximate);
-    variable_list to_save{x, lengths, philox};
-    to_save.insert(to_save.end(), params.begin(), params.end());
-    to_save.insert(to_save.end(), saved.begin(), saved.end());
-    ctx->save_for_backward(to_save);
-    ctx->mark_non_differentiable(saved);
-    ctx->set_materialize_grads(false);  // no zero-filled gradients for the saved outputs
-    ctx->saved_data["params"] = static_cast<int64_t>(params.size());
+    save_layer(ctx, {x, lengths, philox}, params, saved);
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["p_attention"] = p_attention;
     ctx->saved_data["p_attention_output"] = p_attention_output;
     ctx->saved_data["p_output"] = p_output;
     ctx->saved_data["approximate"] = approximate;
-    variable_list out{y};
-    out.insert(out.end(), saved.begin(), saved.end());
-    return out;
+    return layer_outputs(y, saved);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     static const auto backward_op = op<std::tuple<at::Tensor, std::vector<at::Tensor>>(
         const at::Tensor&, const at::Tensor&, const at::Tensor&, at::TensorList, at::TensorList, int64_t, double,
         double, double, double, const at::Tensor&, c10::string_view)>("fusekit::bert_layer_backward");
-    const variable_list s = ctx->get_saved_variables();
-    const int64_t n = ctx->saved_data["params"].toInt();
-    if (!grads[0].defined()) return variable_list(2 + n + 8);  // no gradient reached the output
-    const std::vector<at::Tensor> params(s.begin() + 3, s.begin() + 3 + n);
-    const std::vector<at::Tensor> saved(s.begin() + 3 + n, s.end());
-    auto [dx, dparams] =
-        backward_op.call(contiguous(grads[0]), s[0], s[1], params, saved, ctx->saved_data["heads"].toInt(),
-                         ctx->saved_data["scale"].toDouble(), ctx->saved_data["p_attention"].toDouble(),
-                         ctx->saved_data["p_attention_output"].toDouble(), ctx->saved_data["p_output"].toDouble(), s[2],
-                         ctx->saved_data["approximate"].toStringRef());
+    const LayerSaved l = restore_layer(ctx, 3);                              // x, lengths, philox
+    if (!grads[0].defined()) return variable_list(2 + l.params.size() + 8);  // no gradient reached y
+    auto [dx, dparams] = backward_op.call(
+        contiguous(grads[0]), l.head[0], l.head[1], l.params, l.saved, ctx->saved_data["heads"].toInt(),
+        ctx->saved_data["scale"].toDouble(), ctx->saved_data["p_attention"].toDouble(),
+        ctx->saved_data["p_attention_output"].toDouble(), ctx->saved_data["p_output"].toDouble(), l.head[2],
+        ctx->saved_data["approximate"].toStringRef());
     // One gradient per input as apply() flattened them: x, lengths, each param, then the rest.
     variable_list out{dx, at::Tensor()};
     out.insert(out.end(), dparams.begin(), dparams.end());
@@ -368,36 +388,25 @@ struct SwinBlock : torch::autograd::Function<SwinBlock> {
     at::AutoDispatchBelowADInplaceOrView below;
     auto [y, saved] =
         forward_op.call(x, params, index, mask, dtype, window, shift, heads, scale, eps1, eps2, approximate);
-    variable_list to_save{x, index, mask.value_or(at::Tensor())};
-    to_save.insert(to_save.end(), params.begin(), params.end());
-    to_save.insert(to_save.end(), saved.begin(), saved.end());
-    ctx->save_for_backward(to_save);
-    ctx->mark_non_differentiable(saved);
-    ctx->set_materialize_grads(false);  // no zero-filled gradients for the saved outputs
-    ctx->saved_data["params"] = static_cast<int64_t>(params.size());
+    save_layer(ctx, {x, index, mask.value_or(at::Tensor())}, params, saved);
     ctx->saved_data["window"] = window;
     ctx->saved_data["shift"] = shift;
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["approximate"] = approximate;
-    variable_list out{y};
-    out.insert(out.end(), saved.begin(), saved.end());
-    return out;
+    return layer_outputs(y, saved);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     static const auto backward_op = op<std::tuple<at::Tensor, std::vector<at::Tensor>>(
         const at::Tensor&, const at::Tensor&, at::TensorList, const at::Tensor&, const std::optional<at::Tensor>&,
         at::TensorList, int64_t, int64_t, int64_t, double, c10::string_view)>("fusekit::swin_block_backward");
-    const variable_list s = ctx->get_saved_variables();
-    const int64_t n = ctx->saved_data["params"].toInt();
-    if (!grads[0].defined()) return variable_list(1 + n + 10);
-    const std::optional<at::Tensor> mask = s[2].defined() ? std::optional<at::Tensor>(s[2]) : std::nullopt;
-    const std::vector<at::Tensor> params(s.begin() + 3, s.begin() + 3 + n);
-    const std::vector<at::Tensor> saved(s.begin() + 3 + n, s.end());
-    auto [dx, dparams] =
-        backward_op.call(contiguous(grads[0]), s[0], params, s[1], mask, saved, ctx->saved_data["window"].toInt(),
-                         ctx->saved_data["shift"].toInt(), ctx->saved_data["heads"].toInt(),
-                         ctx->saved_data["scale"].toDouble(), ctx->saved_data["approximate"].toStringRef());
+    const LayerSaved l = restore_layer(ctx, 3);  // x, index, mask (undefined: none)
+    if (!grads[0].defined()) return variable_list(1 + l.params.size() + 10);
+    const std::optional<at::Tensor> mask = l.head[2].defined() ? std::optional<at::Tensor>(l.head[2]) : std::nullopt;
+    auto [dx, dparams] = backward_op.call(contiguous(grads[0]), l.head[0], l.params, l.head[1], mask, l.saved,
+                                          ctx->saved_data["window"].toInt(), ctx->saved_data["shift"].toInt(),
+                                          ctx->saved_data["heads"].toInt(), ctx->saved_data["scale"].toDouble(),
+                                          ctx->saved_data["approximate"].toStringRef());
     // One gradient per input as apply() flattened them: x, each param, then index, the mask where
     // given, and the non-tensor arguments (undefined, trimmed by apply()).
     variable_list out{dx};

@@ -39,6 +39,7 @@
 #include "kernels/bias_gelu.h"
 #include "kernels/linear.h"
 #include "torch_ops/linear_context.h"
+#include "torch_ops/packed_params.h"
 #include "torch_ops/tensor_checks.h"
 
 namespace fusekit::torch_ops {
@@ -156,14 +157,6 @@ Layer check(const at::Tensor& x, const at::Tensor& lengths, at::TensorList param
   return l;
 }
 
-const void* at_offset(const at::Tensor& flat, int64_t elements) {
-  return static_cast<const char*>(flat.data_ptr()) + elements * static_cast<int64_t>(flat.element_size());
-}
-
-void* at_offset(at::Tensor& flat, int64_t elements) {
-  return static_cast<char*>(flat.data_ptr()) + elements * static_cast<int64_t>(flat.element_size());
-}
-
 std::tuple<at::Tensor, std::vector<at::Tensor>> forward(const at::Tensor& x, const at::Tensor& lengths,
                                                         at::TensorList params, int64_t heads, double scale,
                                                         double p_attention, double p_attention_output, double p_output,
@@ -179,10 +172,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> forward(const at::Tensor& x, con
   const auto stats = options.dtype(at::kFloat);
   // The parameters in the compute dtype, once per call (copy_ casts).
   at::Tensor packed = at::empty({l.packed_elements}, options);
-  for (int k = 0; k < kParams; ++k) {
-    packed.narrow(0, l.offset[k], params[k].numel()).view(params[k].sizes()).copy_(params[k]);
-  }
-  auto P = [&](int k) { return at_offset(packed, l.offset[k]); };
+  for (int k = 0; k < kParams; ++k) pack_into(packed, l.offset[k], params[k]);
+  auto P = [&](int k) { return element_at(packed, l.offset[k]); };
   at::Tensor qkv = at::empty({l.batch, l.seq, 3, l.heads, H / l.heads}, options);
   at::Tensor context = at::empty({l.batch, l.seq, H}, options);
   at::Tensor lse = at::empty({l.batch, l.heads, l.seq}, stats);
@@ -274,10 +265,10 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> backward(const at::Tensor& dy, c
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaStream_t stream = current_stream(x);
   const auto options = x.options();
-  auto P = [&](int k) { return at_offset(packed, l.offset[k]); };
+  auto P = [&](int k) { return element_at(packed, l.offset[k]); };
   // The gradients in the compute dtype, in the packed layout; cast to each parameter's dtype at the end.
   at::Tensor dpacked = at::empty({l.packed_elements}, options);
-  auto D = [&](int k) { return at_offset(dpacked, l.offset[k]); };
+  auto D = [&](int k) { return element_at(dpacked, l.offset[k]); };
   at::Tensor h1 = at::empty({N, H}, options), h2 = at::empty({N, H}, options);
   at::Tensor dg = at::empty({N, I}, options), dup = at::empty({N, I}, options);
   at::Tensor dx = at::empty_like(x), dcontext = at::empty({N, H}, options), dqkv = at::empty_like(qkv);
@@ -344,11 +335,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> backward(const at::Tensor& dy, c
   }
   std::vector<at::Tensor> dparams;
   dparams.reserve(kParams);
-  for (int k = 0; k < kParams; ++k) {
-    const at::Tensor view = dpacked.narrow(0, l.offset[k], params[k].numel()).view(params[k].sizes());
-    // A fresh tensor per gradient (never a view into dpacked: outputs of an op must not alias).
-    dparams.push_back(view.to(params[k].scalar_type(), /*non_blocking=*/false, /*copy=*/true));
-  }
+  for (int k = 0; k < kParams; ++k) dparams.push_back(unpack_as(dpacked, l.offset[k], params[k]));
   return {dx, dparams};
 }
 

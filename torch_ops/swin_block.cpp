@@ -41,6 +41,7 @@
 #include "kernels/swin_window.h"
 #include "kernels/window_attention.h"
 #include "torch_ops/linear_context.h"
+#include "torch_ops/packed_params.h"
 #include "torch_ops/tensor_checks.h"
 
 namespace fusekit::torch_ops {
@@ -149,10 +150,6 @@ Block check(const at::Tensor& x, at::TensorList params, const at::Tensor& index,
   return b;
 }
 
-void* at_offset(const at::Tensor& flat, int64_t elements) {
-  return static_cast<char*>(flat.data_ptr()) + elements * static_cast<int64_t>(flat.element_size());
-}
-
 at::Tensor cast(const at::Tensor& t, at::ScalarType type) { return t.scalar_type() == type ? t : t.to(type); }
 
 std::tuple<at::Tensor, std::vector<at::Tensor>> forward(const at::Tensor& x, at::TensorList params,
@@ -170,11 +167,9 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> forward(const at::Tensor& x, at:
   const auto stats = x.options().dtype(at::kFloat);
   // The parameters, once per call: the LayerNorms' in S, the others in D (copy_ casts).
   at::Tensor norms = at::empty({b.norm_elements}, s_options), packed = at::empty({b.packed_elements}, d_options);
-  for (int k = 0; k < kParams; ++k) {
-    (is_norm(k) ? norms : packed).narrow(0, b.offset[k], params[k].numel()).view(params[k].sizes()).copy_(params[k]);
-  }
-  auto NP = [&](int k) { return at_offset(norms, b.offset[k]); };
-  auto P = [&](int k) { return at_offset(packed, b.offset[k]); };
+  for (int k = 0; k < kParams; ++k) pack_into(is_norm(k) ? norms : packed, b.offset[k], params[k]);
+  auto NP = [&](int k) { return element_at(norms, b.offset[k]); };
+  auto P = [&](int k) { return element_at(packed, b.offset[k]); };
   at::Tensor windows = at::empty({W, N, C}, s_options);
   at::Tensor mean1 = at::empty({T}, stats), rstd1 = at::empty({T}, stats);
   kernels::window_partition_forward(b.stream_dtype, x.data_ptr(), NP(0), NP(1), windows.data_ptr(),
@@ -259,11 +254,11 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> backward(const at::Tensor& dy, c
                    &mean2 = saved[10], &rstd2 = saved[11], &h_d = saved[12], &up = saved[13], &g = saved[14];
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaStream_t stream = current_stream(x);
-  auto NP = [&](int k) { return at_offset(norms, b.offset[k]); };
-  auto P = [&](int k) { return at_offset(packed, b.offset[k]); };
+  auto NP = [&](int k) { return element_at(norms, b.offset[k]); };
+  auto P = [&](int k) { return element_at(packed, b.offset[k]); };
   at::Tensor dnorms = at::empty_like(norms), dpacked = at::empty_like(packed);
-  auto DN = [&](int k) { return at_offset(dnorms, b.offset[k]); };
-  auto DP = [&](int k) { return at_offset(dpacked, b.offset[k]); };
+  auto DN = [&](int k) { return element_at(dnorms, b.offset[k]); };
+  auto DP = [&](int k) { return element_at(dpacked, b.offset[k]); };
   const size_t scratch_bytes =
       std::max({kernels::layernorm_backward_workspace_bytes(T, C), kernels::bias_gelu_backward_workspace_bytes(T, F),
                 kernels::window_attention_backward_workspace_bytes(b.attention),
@@ -312,11 +307,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> backward(const at::Tensor& dy, c
   dx.add_(dy1.view(x.sizes()));
   std::vector<at::Tensor> dparams;
   dparams.reserve(kParams);
-  for (int k = 0; k < kParams; ++k) {
-    const at::Tensor& flat = is_norm(k) ? dnorms : dpacked;
-    const at::Tensor view = flat.narrow(0, b.offset[k], params[k].numel()).view(params[k].sizes());
-    dparams.push_back(view.to(params[k].scalar_type(), /*non_blocking=*/false, /*copy=*/true));
-  }
+  for (int k = 0; k < kParams; ++k) dparams.push_back(unpack_as(is_norm(k) ? dnorms : dpacked, b.offset[k], params[k]));
   return {dx, dparams};
 }
 
