@@ -22,8 +22,8 @@
 //   y1 = x + merge + reverse shift(proj)                    kernels/swin_window.h            (S)
 //   h = LN2(y1); up = h W1^T; g = gelu(up + b1); m = g W2^T + b2      (LN in S, the rest in D)
 //   y = y1 + m                                                                               (S)
-// saved (in this order): the four LayerNorm parameters in S, the other nine packed in D, windows (in
-// D), mean1, rstd1, qkv, out, bias, lse, y1, mean2, rstd2, h (in D), up, g.
+// saved (in this order): the four LayerNorm parameters in S, the other nine packed in D (the bias
+// table last), windows (in D), mean1, rstd1, qkv, out, bias, lse, y1, mean2, rstd2, h (in D), up, g.
 #include <torch/library.h>
 
 #include <algorithm>
@@ -141,8 +141,11 @@ Block check(const at::Tensor& x, at::TensorList params, const at::Tensor& index,
   } else {
     TORCH_CHECK_VALUE(false, text("fusekit::", op, ": approximate must be 'none' or 'tanh', not '", approximate, "'"));
   }
+  // The bias table goes last: its (2 window - 1)^2 x heads elements would leave the weights after
+  // it misaligned for cuBLASLt and the vectorized kernels; every other size is a multiple of C.
+  constexpr int kOrder[kParams] = {0, 1, 7, 8, 2, 3, 5, 6, 9, 10, 11, 12, 4};
   b.norm_elements = b.packed_elements = 0;
-  for (int k = 0; k < kParams; ++k) {
+  for (const int k : kOrder) {
     int64_t& at = is_norm(k) ? b.norm_elements : b.packed_elements;
     b.offset[k] = at;
     at += params[k].numel();

@@ -382,8 +382,8 @@ def _bert_layer_setup(ctx, inputs, output):
 
 
 def _bert_layer_backward(ctx, dy, _dsaved):
-    if dy is None:
-        return (None,) * 11
+    if dy is None:  # the structure of the inputs: the params as a list
+        return (None, None, [None] * ctx.params) + (None,) * 8
     x, lengths, philox_, *rest = ctx.saved_tensors
     params, saved = rest[:ctx.params], rest[ctx.params:]
     dx, dparams = _ops.bert_layer_backward(dy.contiguous(), x, lengths, params, saved, *ctx.args, philox_,
@@ -406,7 +406,7 @@ def _swin_block_setup(ctx, inputs, output):
 
 def _swin_block_backward(ctx, dy, _dsaved):
     if dy is None:
-        return (None,) * 12
+        return (None, [None] * ctx.params) + (None,) * 10
     x, index, mask, *rest = ctx.saved_tensors
     params, saved = rest[:ctx.params], rest[ctx.params:]
     dx, dparams = _ops.swin_block_backward(dy.contiguous(), x, params, index, mask, saved, *ctx.args)
