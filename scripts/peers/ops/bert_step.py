@@ -38,9 +38,10 @@ compile: torch.compile (the driver's: default mode, dynamic=False) of the functi
          warm-up, before any timed sample) compiles the forward and the backward. Should Dynamo
          compile anything after that first step, a line on stderr says so when the variant ends.
 
-fusekit, fusekit-compile: the same model after fusekit.torch.patch (python/fusekit: embeddings, the QKV
-         projection + fused attention, bias + dropout + residual + LayerNorm, bias + GELU, the head's
-         transform and the loss as fusekit ops; the GEMMs stay PyTorch's), eager and under torch.compile as
+fusekit, fusekit-compile: the same model after fusekit.torch.patch (python/fusekit: the embeddings, each
+         encoder layer as one op (fusekit::bert_layer: its GEMMs, attention, bias + dropout + residual +
+         LayerNorm and bias + GELU on fusekit's kernels), the head's transform and the loss as fusekit
+         ops; the head's GEMMs stay PyTorch's), eager and under torch.compile as
          above (fusekit's ops are opaque to Inductor). Run where fusekit.torch imports (the operator
          library built, PYTHONPATH holding python/); otherwise a line on stderr says why they are skipped.
 

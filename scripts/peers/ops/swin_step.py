@@ -14,8 +14,8 @@ Optimizer: torch.optim.AdamW(fused=True), lr 1e-3, betas (0.9, 0.999), eps 1e-8,
 on every parameter but biases, norms and the relative position bias tables (timm's recipe).
 
 eager, compile: timm's model (compile: torch.compile of the function returning the loss, as
-bert_step does); fusekit, fusekit-compile: the same after fusekit.torch.patch (its blocks and
-patch merging fused; python/fusekit), where fusekit.torch imports; eager-fp32: timm's model in
+bert_step does); fusekit, fusekit-compile: the same after fusekit.torch.patch (each block one op,
+fusekit::swin_block, and patch merging fused; python/fusekit), where fusekit.torch imports; eager-fp32: timm's model in
 float32 throughout, TF32 off for matrix products and convolutions, no loss scaling (the fp32
 baseline that the Swin talk's speedups are quoted against: AMP 1.63x, fused LayerNorm + Adam 2.11x,
 fused window ops 2.19x, fused attention 2.85x).
