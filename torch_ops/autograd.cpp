@@ -379,16 +379,19 @@ struct BertLayer : torch::autograd::Function<BertLayer> {
 // One node for a whole Swin block, as BertLayer; mask stays an optional (Softmax's note).
 struct SwinBlock : torch::autograd::Function<SwinBlock> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList params,
-                               const at::Tensor& index, const std::optional<at::Tensor>& mask, at::ScalarType dtype,
-                               int64_t window, int64_t shift, int64_t heads, double scale, double eps1, double eps2,
-                               const std::string& approximate) {
+                               const at::Tensor& index, const std::optional<at::Tensor>& mask,
+                               const std::optional<at::Tensor>& drop1, const std::optional<at::Tensor>& drop2,
+                               at::ScalarType dtype, int64_t window, int64_t shift, int64_t heads, double scale,
+                               double eps1, double eps2, const std::string& approximate) {
     static const auto forward_op = op<std::tuple<at::Tensor, std::vector<at::Tensor>>(
-        const at::Tensor&, at::TensorList, const at::Tensor&, const std::optional<at::Tensor>&, at::ScalarType, int64_t,
-        int64_t, int64_t, double, double, double, c10::string_view)>("fusekit::swin_block");
+        const at::Tensor&, at::TensorList, const at::Tensor&, const std::optional<at::Tensor>&,
+        const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, at::ScalarType, int64_t, int64_t, int64_t,
+        double, double, double, c10::string_view)>("fusekit::swin_block");
     at::AutoDispatchBelowADInplaceOrView below;
-    auto [y, saved] =
-        forward_op.call(x, params, index, mask, dtype, window, shift, heads, scale, eps1, eps2, approximate);
-    save_layer(ctx, {x, index, mask.value_or(at::Tensor())}, params, saved);
+    auto [y, saved] = forward_op.call(x, params, index, mask, drop1, drop2, dtype, window, shift, heads, scale, eps1,
+                                      eps2, approximate);
+    const at::Tensor none;
+    save_layer(ctx, {x, index, mask.value_or(none), drop1.value_or(none), drop2.value_or(none)}, params, saved);
     ctx->saved_data["window"] = window;
     ctx->saved_data["shift"] = shift;
     ctx->saved_data["heads"] = heads;
@@ -399,19 +402,22 @@ struct SwinBlock : torch::autograd::Function<SwinBlock> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     static const auto backward_op = op<std::tuple<at::Tensor, std::vector<at::Tensor>>(
         const at::Tensor&, const at::Tensor&, at::TensorList, const at::Tensor&, const std::optional<at::Tensor>&,
-        at::TensorList, int64_t, int64_t, int64_t, double, c10::string_view)>("fusekit::swin_block_backward");
-    const LayerSaved l = restore_layer(ctx, 3);  // x, index, mask (undefined: none)
-    if (!grads[0].defined()) return variable_list(1 + l.params.size() + 10);
-    const std::optional<at::Tensor> mask = l.head[2].defined() ? std::optional<at::Tensor>(l.head[2]) : std::nullopt;
-    auto [dx, dparams] = backward_op.call(contiguous(grads[0]), l.head[0], l.params, l.head[1], mask, l.saved,
-                                          ctx->saved_data["window"].toInt(), ctx->saved_data["shift"].toInt(),
-                                          ctx->saved_data["heads"].toInt(), ctx->saved_data["scale"].toDouble(),
-                                          ctx->saved_data["approximate"].toStringRef());
-    // One gradient per input as apply() flattened them: x, each param, then index, the mask where
-    // given, and the non-tensor arguments (undefined, trimmed by apply()).
+        const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, at::TensorList, int64_t, int64_t, int64_t,
+        double, c10::string_view)>("fusekit::swin_block_backward");
+    // x, index, then mask, drop1, drop2 (each undefined where none).
+    const LayerSaved l = restore_layer(ctx, 5);
+    // One gradient per input as apply() flattened them: x, each param, then index, mask, drop1,
+    // drop2 (one entry each, given or not) and the 8 other arguments: undefined, trimmed by apply().
+    const size_t inputs = 1 + l.params.size() + 4 + 8;
+    if (!grads[0].defined()) return variable_list(inputs);
+    auto given = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
+    auto [dx, dparams] = backward_op.call(
+        contiguous(grads[0]), l.head[0], l.params, l.head[1], given(l.head[2]), given(l.head[3]), given(l.head[4]),
+        l.saved, ctx->saved_data["window"].toInt(), ctx->saved_data["shift"].toInt(), ctx->saved_data["heads"].toInt(),
+        ctx->saved_data["scale"].toDouble(), ctx->saved_data["approximate"].toStringRef());
     variable_list out{dx};
     out.insert(out.end(), dparams.begin(), dparams.end());
-    out.resize(out.size() + 10);
+    out.resize(inputs);
     return out;
   }
 };
@@ -493,11 +499,13 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> bert_layer(const at::Tensor& x, 
 
 std::tuple<at::Tensor, std::vector<at::Tensor>> swin_block(const at::Tensor& x, at::TensorList params,
                                                            const at::Tensor& index,
-                                                           const std::optional<at::Tensor>& mask, at::ScalarType dtype,
+                                                           const std::optional<at::Tensor>& mask,
+                                                           const std::optional<at::Tensor>& drop1,
+                                                           const std::optional<at::Tensor>& drop2, at::ScalarType dtype,
                                                            int64_t window, int64_t shift, int64_t heads, double scale,
                                                            double eps1, double eps2, c10::string_view approximate) {
-  const variable_list out = SwinBlock::apply(x, params, index, mask, dtype, window, shift, heads, scale, eps1, eps2,
-                                             std::string(approximate.data(), approximate.size()));
+  const variable_list out = SwinBlock::apply(x, params, index, mask, drop1, drop2, dtype, window, shift, heads, scale,
+                                             eps1, eps2, std::string(approximate.data(), approximate.size()));
   return {out[0], std::vector<at::Tensor>(out.begin() + 1, out.end())};
 }
 

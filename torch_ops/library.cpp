@@ -86,9 +86,11 @@ TORCH_LIBRARY(fusekit, m) {
   // A whole Swin Transformer block (torch_ops/swin_block.cpp): params are its 13 tensors, dtype the
   // compute dtype, saved the 15 tensors its backward takes.
   m.def(
-      "swin_block(Tensor x, Tensor[] params, Tensor index, Tensor? mask, ScalarType dtype, int window, int shift, "
-      "int heads, float scale, float eps1, float eps2, str approximate) -> (Tensor y, Tensor[] saved)");
+      "swin_block(Tensor x, Tensor[] params, Tensor index, Tensor? mask, Tensor? drop1, Tensor? drop2, "
+      "ScalarType dtype, int window, int shift, int heads, float scale, float eps1, float eps2, str approximate) -> "
+      "(Tensor y, Tensor[] saved)");
   m.def(
-      "swin_block_backward(Tensor dy, Tensor x, Tensor[] params, Tensor index, Tensor? mask, Tensor[] saved, "
-      "int window, int shift, int heads, float scale, str approximate) -> (Tensor dx, Tensor[] dparams)");
+      "swin_block_backward(Tensor dy, Tensor x, Tensor[] params, Tensor index, Tensor? mask, Tensor? drop1, "
+      "Tensor? drop2, Tensor[] saved, int window, int shift, int heads, float scale, str approximate) -> (Tensor dx, "
+      "Tensor[] dparams)");
 }

@@ -12,15 +12,17 @@
 //   4 attn.relative_position_bias_table [(2 window - 1)^2, heads]   5-6 attn.proj weight [C, C], bias [C]
 //   7-8 norm2 weight, bias [C]       9-10 mlp.fc1 weight [F, C], bias [F]   11-12 mlp.fc2 [C, F], [C]
 // index: the relative position index, int32 [window^2, window^2]; mask: the shift mask, float32
-// [windows per image, window^2, window^2], or None. No dropout and no stochastic depth (a block with
-// either keeps the per-op path).
+// [windows per image, window^2, window^2], or None. drop1, drop2: stochastic depth (timm's DropPath)
+// of the attention and MLP branch, float32 [B] per-sample scales (0 where the sample's branch is
+// dropped, 1 / keep where kept), drawn by the caller, or None. No dropout (a block with projection
+// dropout keeps the per-op path).
 //
 //   windows, mean1, rstd1 = LN1 + shift + partition(x)     kernels/swin_window.h            (S)
 //   qkv = windows W_qkv^T + b_qkv                           cuBLASLt, bias epilogue          (D)
 //   out = window attention(qkv, table, index, mask)         kernels/window_attention.h       (D)
-//   proj = out W_proj^T + b_proj                            cuBLASLt, bias epilogue          (D)
+//   proj = (out W_proj^T + b_proj) * drop1[b]               cuBLASLt, bias epilogue          (D)
 //   y1 = x + merge + reverse shift(proj)                    kernels/swin_window.h            (S)
-//   h = LN2(y1); up = h W1^T; g = gelu(up + b1); m = g W2^T + b2      (LN in S, the rest in D)
+//   h = LN2(y1); up = h W1^T; g = gelu(up + b1); m = (g W2^T + b2) * drop2[b]  (LN in S, the rest in D)
 //   y = y1 + m                                                                               (S)
 // saved (in this order): the four LayerNorm parameters in S, the other nine packed in D (the bias
 // table last), windows (in D), mean1, rstd1, qkv, out, bias, lse, y1, mean2, rstd2, h (in D), up, g.
@@ -155,14 +157,33 @@ Block check(const at::Tensor& x, at::TensorList params, const at::Tensor& index,
 
 at::Tensor cast(const at::Tensor& t, at::ScalarType type) { return t.scalar_type() == type ? t : t.to(type); }
 
+// A stochastic-depth scale, float32 [B] on x's device, viewed to broadcast over a sample's rows of a
+// [B * rows, ...] tensor; undefined where none.
+at::Tensor drop_scale(const std::optional<at::Tensor>& scale, const at::Tensor& x, const char* op, const char* name) {
+  if (!scale.has_value() || !scale->defined()) return {};
+  check_cuda(*scale, at::kFloat, op, name);
+  TORCH_CHECK_VALUE(scale->device() == x.device() && scale->numel() == x.size(0),
+                    text("fusekit::", op, ": ", name, " must be float32 [", x.size(0), "] on ", x.device(), ", not ",
+                         scale->sizes(), " on ", scale->device()));
+  return scale->view({x.size(0), 1, 1});
+}
+
+// t [B * rows, ...] scaled per sample: t * scale[b] (a new tensor), or t where scale is undefined.
+at::Tensor scaled(const at::Tensor& t, const at::Tensor& scale) {
+  if (!scale.defined()) return t;
+  return (t.view({scale.size(0), -1, t.size(-1)}) * scale).to(t.scalar_type()).view(t.sizes());
+}
+
 std::tuple<at::Tensor, std::vector<at::Tensor>> forward(const at::Tensor& x, at::TensorList params,
                                                         const at::Tensor& index, const std::optional<at::Tensor>& mask,
-                                                        at::ScalarType dtype, int64_t window, int64_t shift,
-                                                        int64_t heads, double scale, double eps1, double eps2,
-                                                        c10::string_view approximate) {
+                                                        const std::optional<at::Tensor>& drop1,
+                                                        const std::optional<at::Tensor>& drop2, at::ScalarType dtype,
+                                                        int64_t window, int64_t shift, int64_t heads, double scale,
+                                                        double eps1, double eps2, c10::string_view approximate) {
   constexpr const char* op = "swin_block";
   const Block b = check(x, params, index, mask, dtype, window, shift, heads, scale,
                         std::string_view(approximate.data(), approximate.size()), op);
+  const at::Tensor scale1 = drop_scale(drop1, x, op, "drop1"), scale2 = drop_scale(drop2, x, op, "drop2");
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaStream_t stream = current_stream(x);
   const int T = b.tokens, C = b.channels, F = b.hidden, W = b.attention.windows, N = b.attention.tokens;
@@ -196,7 +217,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> forward(const at::Tensor& x, at:
                                       static_cast<float>(scale), stream);
     kernels::linear_forward(gemm, b.compute_dtype, kernels::LinearEpilogue::bias, {T, C, C, false}, out.data_ptr(),
                             P(5), P(6), proj.data_ptr(), nullptr, stream);
-    const at::Tensor proj_s = cast(proj, b.stream_type);
+    const at::Tensor proj_s = cast(scaled(proj, scale1), b.stream_type);
     kernels::window_merge_forward(b.stream_dtype, proj_s.data_ptr(), x.data_ptr(), y1.data_ptr(), b.window, stream);
     kernels::layernorm_forward(b.stream_dtype, y1.data_ptr(), NP(7), NP(8), h.data_ptr(), mean2.data_ptr<float>(),
                                rstd2.data_ptr<float>(), T, C, static_cast<float>(eps2), stream);
@@ -207,14 +228,16 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> forward(const at::Tensor& x, at:
     kernels::linear_forward(gemm, b.compute_dtype, kernels::LinearEpilogue::bias, {T, C, F, false}, g.data_ptr(), P(11),
                             P(12), m.data_ptr(), nullptr, stream);
   }
-  at::Tensor y = at::add(y1, m.view(x.sizes())).to(b.stream_type);
+  at::Tensor y = at::add(y1, scaled(m, scale2).view(x.sizes())).to(b.stream_type);
   // Where S is the compute dtype, windows_d and h_d are windows and h themselves.
   return {y, {norms, packed, windows_d, mean1, rstd1, qkv, out, bias, lse, y1, mean2, rstd2, h_d, up, g}};
 }
 
 std::tuple<at::Tensor, std::vector<at::Tensor>> backward(const at::Tensor& dy, const at::Tensor& x,
                                                          at::TensorList params, const at::Tensor& index,
-                                                         const std::optional<at::Tensor>& mask, at::TensorList saved,
+                                                         const std::optional<at::Tensor>& mask,
+                                                         const std::optional<at::Tensor>& drop1,
+                                                         const std::optional<at::Tensor>& drop2, at::TensorList saved,
                                                          int64_t window, int64_t shift, int64_t heads, double scale,
                                                          c10::string_view approximate) {
   constexpr const char* op = "swin_block_backward";
@@ -227,6 +250,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> backward(const at::Tensor& dy, c
   check_same(x, "x", {{&dy, "dy"}}, op);
   TORCH_CHECK_VALUE(dy.sizes() == x.sizes(),
                     text("fusekit::", op, ": dy has shape ", dy.sizes(), " but x has ", x.sizes()));
+  const at::Tensor scale1 = drop_scale(drop1, x, op, "drop1"), scale2 = drop_scale(drop2, x, op, "drop2");
   const int T = b.tokens, C = b.channels, F = b.hidden, W = b.attention.windows, N = b.attention.tokens;
   const at::ScalarType S = b.stream_type, D = b.compute_type, f32 = at::kFloat;
   const std::vector<int64_t> expected[kSaved] = {{b.norm_elements},
@@ -268,7 +292,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> backward(const at::Tensor& dy, c
                 kernels::window_partition_backward_workspace_bytes(b.window)});
   at::Tensor scratch = workspace(scratch_bytes, x);
   const at::Tensor dy_s = dy.contiguous();
-  const at::Tensor dm = cast(dy_s, D).view({T, C});
+  // The MLP branch's gradient: dy through its stochastic-depth scale (never in place: dy is an input).
+  const at::Tensor dm = scaled(cast(dy_s, D).view({T, C}), scale2);
   at::Tensor dg = at::empty({T, F}, dm.options()), dup = at::empty({T, F}, dm.options());
   at::Tensor dh = at::empty({T, C}, dm.options()), dy1 = at::empty({T, C}, dy_s.options());
   at::Tensor dproj_s = at::empty({W, N, C}, dy_s.options()), dout = at::empty({W, N, C}, dm.options());
@@ -292,7 +317,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> backward(const at::Tensor& dy, c
     dy1.add_(dy_s.view({T, C}));
     // Attention branch: merge (d proj), proj (d out, d W, d b), attention (d qkv, d table), qkv (d windows).
     kernels::window_merge_backward(b.stream_dtype, dy1.data_ptr(), dproj_s.data_ptr(), b.window, stream);
-    const at::Tensor dproj = cast(dproj_s, D);
+    const at::Tensor dproj = scaled(cast(dproj_s, D), scale1);
     kernels::linear_backward(gemm, b.compute_dtype, {T, C, C, false}, dproj.data_ptr(), out.data_ptr(), P(5),
                              dout.data_ptr(), DP(5), DP(6), stream);
     kernels::window_attention_backward(b.compute_dtype, qkv.data_ptr(), bias.data_ptr<float>(), b.mask, out.data_ptr(),

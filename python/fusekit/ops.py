@@ -157,7 +157,7 @@ def _(dy, x, lengths, params, saved, heads, scale, p_attention, p_attention_outp
 
 
 @torch.library.register_fake("fusekit::swin_block")
-def _(x, params, index, mask, dtype, window, shift, heads, scale, eps1, eps2, approximate):
+def _(x, params, index, mask, drop1, drop2, dtype, window, shift, heads, scale, eps1, eps2, approximate):
     batch, height, width, channels = x.shape
     tokens, n = batch * height * width, window * window
     windows = tokens // n
@@ -173,7 +173,7 @@ def _(x, params, index, mask, dtype, window, shift, heads, scale, eps1, eps2, ap
 
 
 @torch.library.register_fake("fusekit::swin_block_backward")
-def _(dy, x, params, index, mask, saved, window, shift, heads, scale, approximate):
+def _(dy, x, params, index, mask, drop1, drop2, saved, window, shift, heads, scale, approximate):
     return torch.empty_like(x), [torch.empty_like(p) for p in params]
 
 
@@ -395,22 +395,22 @@ _register_autograd("fusekit::bert_layer", _bert_layer_backward, setup_context=_b
 
 
 def _swin_block_setup(ctx, inputs, output):
-    x, params, index, mask, dtype, window, shift, heads, scale, eps1, eps2, approximate = inputs
+    x, params, index, mask, drop1, drop2, dtype, window, shift, heads, scale, eps1, eps2, approximate = inputs
     y, saved = output
     ctx.mark_non_differentiable(*saved)
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(x, index, mask, *params, *saved)
+    ctx.save_for_backward(x, index, mask, drop1, drop2, *params, *saved)
     ctx.params = len(params)
     ctx.args = (window, shift, heads, scale, approximate)
 
 
 def _swin_block_backward(ctx, dy, _dsaved):
     if dy is None:
-        return (None, [None] * ctx.params) + (None,) * 10
-    x, index, mask, *rest = ctx.saved_tensors
+        return (None, [None] * ctx.params) + (None,) * 12
+    x, index, mask, drop1, drop2, *rest = ctx.saved_tensors
     params, saved = rest[:ctx.params], rest[ctx.params:]
-    dx, dparams = _ops.swin_block_backward(dy.contiguous(), x, params, index, mask, saved, *ctx.args)
-    return dx, list(dparams), None, None, None, None, None, None, None, None, None, None
+    dx, dparams = _ops.swin_block_backward(dy.contiguous(), x, params, index, mask, drop1, drop2, saved, *ctx.args)
+    return (dx, list(dparams)) + (None,) * 12
 
 
 _register_autograd("fusekit::swin_block", _swin_block_backward, setup_context=_swin_block_setup)
@@ -577,14 +577,18 @@ def bert_layer(x, lengths, params, heads, scale, p_attention=0.0, p_attention_ou
                            p_output, philox(p, x), eps, approximate)[0]
 
 
-def swin_block(x, params, index, mask, dtype, window, shift, heads, scale, eps1=1e-5, eps2=1e-5, approximate="none"):
-    """A whole Swin Transformer block (timm's SwinTransformerBlock, no dropout or stochastic depth)
-    as one op: x [B, H, W, C] in the residual stream's dtype, dtype the compute dtype (float16 or
-    bfloat16), params the block's 13 tensors in torch_ops/swin_block.cpp's order (norm1, qkv, the
-    relative position bias table, proj, norm2, fc1, fc2), any floating dtype; index int32 [N, N];
-    mask float32 [windows per image, N, N] or None."""
-    return _ops.swin_block(x.contiguous(), list(params), index, mask, dtype, window, shift, heads, scale, eps1, eps2,
-                           approximate)[0]
+def swin_block(x, params, index, mask, dtype, window, shift, heads, scale, eps1=1e-5, eps2=1e-5, approximate="none",
+               drop1=None, drop2=None):
+    """A whole Swin Transformer block (timm's SwinTransformerBlock, no dropout) as one op: x [B, H,
+    W, C] in the residual stream's dtype, dtype the compute dtype (float16 or bfloat16), params the
+    block's 13 tensors in torch_ops/swin_block.cpp's order (norm1, qkv, the relative position bias
+    table, proj, norm2, fc1, fc2), any floating dtype; index int32 [N, N]; mask float32 [windows per
+    image, N, N] or None; drop1, drop2: stochastic depth of the attention and MLP branch as per-sample
+    scales ([B], 0 or 1 / keep; converted to float32) or None."""
+    drop1 = None if drop1 is None else drop1.float().contiguous()
+    drop2 = None if drop2 is None else drop2.float().contiguous()
+    return _ops.swin_block(x.contiguous(), list(params), index, mask, drop1, drop2, dtype, window, shift, heads, scale,
+                           eps1, eps2, approximate)[0]
 
 
 def cross_entropy(logits, labels, ignore_index=-100, label_smoothing=0.0):

@@ -5,8 +5,8 @@ included), the projection GEMM, and window reverse + reverse shift + residual ad
 its MLP branch as LayerNorm, a GEMM, bias + GELU and a GEMM; PatchMerging as the 2x2 gather +
 LayerNorm (one kernel) and the reduction GEMM. Parameters and buffers are the modules' own.
 
-A block runs as one op (fusekit::swin_block) where a call draws no random mask (no projection
-dropout or stochastic depth in training); otherwise as the ops above. Stochastic depth (DropPath)
+A block runs as one op (fusekit::swin_block) unless it has projection dropout in training;
+otherwise as the ops above. Stochastic depth (DropPath)
 keeps timm's semantics: each sample's branch is dropped with the
 module's probability and the kept ones scaled by 1 / keep, drawn from PyTorch's generator (other
 draws than timm's). A call the kernels do not cover (a resolution that is not a multiple of the
@@ -48,19 +48,16 @@ def _int32_index(attn):
     return cached[2]
 
 
-# Whether a block without dropout or stochastic depth runs as one op (fusekit::swin_block: one
-# autograd node, its parameters cast once inside) rather than the per-op path below; False (or
-# FUSEKIT_SWIN_BLOCK_OP=0 in the environment) to compare the two.
+# Whether a block without projection dropout runs as one op (fusekit::swin_block: one autograd
+# node, its parameters cast once inside, stochastic depth as per-sample scales) rather than the
+# per-op path below; False (or FUSEKIT_SWIN_BLOCK_OP=0 in the environment) to compare the two.
 BLOCK_OP = os.environ.get("FUSEKIT_SWIN_BLOCK_OP", "1") != "0"
 
 
 def _drops(block):
-    """Whether this call draws a random mask (the block op has none): proj dropout or stochastic
-    depth, in training."""
-    if not block.training:
-        return False
-    return bool(block.attn.proj_drop.p or getattr(block.drop_path1, "drop_prob", 0.0)
-                or getattr(block.drop_path2, "drop_prob", 0.0))
+    """Whether this call draws a dropout mask, which the block op has not: projection dropout in
+    training (stochastic depth it takes, as per-sample scales)."""
+    return bool(block.training and block.attn.proj_drop.p)
 
 
 class FusedSwinTransformerBlock:
@@ -84,7 +81,9 @@ class FusedSwinTransformerBlock:
                       attn.proj.weight, attn.proj.bias, norm2.weight, norm2.bias, mlp.fc1.weight, mlp.fc1.bias,
                       mlp.fc2.weight, mlp.fc2.bias]
             return ops.swin_block(x, params, _int32_index(attn), mask, dtype, window, shift, attn.num_heads,
-                                  attn.scale, norm1.eps, norm2.eps, gelu_form(mlp.act))
+                                  attn.scale, norm1.eps, norm2.eps, gelu_form(mlp.act),
+                                  _drop_path_scale(self.drop_path1, batch, x),
+                                  _drop_path_scale(self.drop_path2, batch, x))
         windows = ops.window_partition(x, norm1.weight.to(stream), norm1.bias.to(stream), window, shift, norm1.eps)
         qkv = F.linear(windows.to(dtype), attn.qkv.weight.to(dtype), attn.qkv.bias.to(dtype))
         qkv = qkv.view(windows.shape[0], window * window, 3, attn.num_heads, -1)

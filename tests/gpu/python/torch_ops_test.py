@@ -453,15 +453,22 @@ def swin_block_params(channels, heads, window, features):
     return params
 
 
-def swin_block_reference(x, index, mask, window, shift, heads, scale, *p):
-    """timm's SwinTransformerBlock in PyTorch ops (no dropout, no stochastic depth), in x's dtype."""
+def swin_block_reference(x, index, mask, window, shift, heads, scale, *p, drops=(None, None)):
+    """timm's SwinTransformerBlock in PyTorch ops (no dropout), in x's dtype; drops: the two
+    branches' per-sample stochastic-depth scales, or None."""
     n1w, n1b, qw, qb, table, pw, pb, n2w, n2b, f1w, f1b, f2w, f2b = [t.to(x.dtype) for t in p]
     b, h, w, c = x.shape
     windows = swin_roll_partition(F.layer_norm(x, (c,), n1w, n1b, 1e-5), window, shift)
     qkv = F.linear(windows, qw, qb).view(windows.shape[0], window * window, 3, heads, c // heads)
     out = window_attention_reference(qkv, table, index, mask, scale)
-    y1 = x + swin_reverse_roll(F.linear(out, pw, pb), b, h, w, window, shift)
-    return y1 + F.linear(F.gelu(F.linear(F.layer_norm(y1, (c,), n2w, n2b, 1e-5), f1w, f1b)), f2w, f2b)
+    branch = swin_reverse_roll(F.linear(out, pw, pb), b, h, w, window, shift)
+    if drops[0] is not None:
+        branch = branch * drops[0].to(x.dtype)[:, None, None, None]
+    y1 = x + branch
+    branch = F.linear(F.gelu(F.linear(F.layer_norm(y1, (c,), n2w, n2b, 1e-5), f1w, f1b)), f2w, f2b)
+    if drops[1] is not None:
+        branch = branch * drops[1].to(x.dtype)[:, None, None, None]
+    return y1 + branch
 
 
 @pytest.mark.parametrize("dtype", HALF)
@@ -483,6 +490,21 @@ def test_swin_block(dtype, shape, stream):
     up = (lambda t: t.float()) if stream == "float32" else (lambda t: t)
     compare(lambda x, *p: fk.swin_block(up(x), [up(t) for t in p], index, mask, dtype, window, shift, heads, scale),
             lambda x, *p: swin_block_reference(x, index, mask, window, shift, heads, scale, *p),
+            [x, *swin_block_params(c, heads, window, 4 * c)], dtype)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_swin_block_stochastic_depth(dtype):
+    """Per-sample branch scales (timm's DropPath: 0 for a dropped sample, 1 / keep for a kept one)
+    against the composition with the same scales; the float32 stream of autocast."""
+    b, h, w, c, heads, shift, window = 3, 14, 14, 64, 2, 3, 7
+    x, index = randn(b, h, w, c), relative_position_index(window)
+    mask = torch.zeros((h // window) * (w // window), 49, 49, device=DEVICE)
+    drops = (torch.tensor([0.0, 1 / 0.9, 1 / 0.9], device=DEVICE), torch.tensor([1 / 0.9, 0.0, 1 / 0.9], device=DEVICE))
+    scale = (c // heads) ** -0.5
+    compare(lambda x, *p: fk.swin_block(x.float(), [t.float() for t in p], index, mask, dtype, window, shift, heads,
+                                        scale, drop1=drops[0], drop2=drops[1]),
+            lambda x, *p: swin_block_reference(x, index, mask, window, shift, heads, scale, *p, drops=drops),
             [x, *swin_block_params(c, heads, window, 4 * c)], dtype)
 
 
@@ -534,8 +556,8 @@ def opcheck_samples():
         (ops.bert_layer, (leaf(randn(2, 40, 128, dtype=h)), lengths, [leaf(p) for p in bert_layer_params(128, 256)],
                           2, 0.125, 0.1, 0.1, 0.1, philox, 1e-12, "none")),
         (ops.swin_block, (leaf(randn(2, 14, 14, 64)), [leaf(p) for p in swin_block_params(64, 2, 7, 256)],
-                          relative_position_index(7), torch.zeros(4, 49, 49, device=DEVICE), h, 7, 3, 2, 32 ** -0.5,
-                          1e-5, 1e-5, "none")),
+                          relative_position_index(7), torch.zeros(4, 49, 49, device=DEVICE),
+                          torch.tensor([1.25, 0.0], device=DEVICE), None, h, 7, 3, 2, 32 ** -0.5, 1e-5, 1e-5, "none")),
     ]
 
 
