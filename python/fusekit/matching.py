@@ -1,5 +1,5 @@
-"""Which modules of a model fusekit replaces, and why it leaves the others alone: Hugging Face BERT
-and timm's Swin Transformer.
+"""Which modules of a model fusekit replaces, and why it leaves the others alone: Hugging Face BERT,
+timm's Swin Transformer and Hugging Face's (its SwinLayer).
 
 Plain Python over the modules' class names and attributes (no PyTorch import), so the rules are
 tested on the CPU with stand-in modules. fusekit.torch.patch applies the decisions.
@@ -178,6 +178,40 @@ def _swin_block(m):
     return True, "LN + shift + partition, QKV GEMM, window_attention, proj GEMM, merge + residual, MLP"
 
 
+def _hf_swin_layer(m):
+    """Hugging Face's SwinLayer (transformers' modeling_swin) as fusekit::swin_block: the query, key
+    and value projections packed into one, the MLP as timm's."""
+    attention = getattr(m, "attention", None)
+    own, out = getattr(attention, "self", None), getattr(attention, "output", None)
+    if own is None or out is None:
+        return False, "no attention.self or attention.output"
+    if not all(_linear_with_bias(getattr(own, name, None)) for name in ("query", "key", "value")):
+        return False, "query, key or value without bias (qkv_bias=False)"
+    if getattr(own, "relative_position_bias_table", None) is None or \
+            getattr(own, "relative_position_index", None) is None:
+        return False, "no relative position bias"
+    head_dim = getattr(own, "attention_head_size", None)
+    if head_dim not in WINDOW_HEAD_DIMS:
+        return False, f"head_dim {head_dim} (fused: {', '.join(map(str, WINDOW_HEAD_DIMS))})"
+    window = getattr(own, "window_size", None)
+    if not _pair_equal(window) or tuple(window)[0] ** 2 not in WINDOW_TOKENS:
+        return False, f"window {window} (fused: 7x7 or 12x12)"
+    if not _linear_with_bias(getattr(out, "dense", None)):
+        return False, "attention output dense without bias"
+    if not _affine_layer_norm(getattr(m, "layernorm_before", None)) or \
+            not _affine_layer_norm(getattr(m, "layernorm_after", None)):
+        return False, "layernorm_before or layernorm_after is not an affine LayerNorm"
+    intermediate, output = getattr(m, "intermediate", None), getattr(m, "output", None)
+    form = gelu_form(getattr(intermediate, "intermediate_act_fn", None))
+    if form is None:
+        return False, f"activation {type(getattr(intermediate, 'intermediate_act_fn', None)).__name__} (fused: GELU)"
+    if not _linear_with_bias(getattr(intermediate, "dense", None)) or \
+            not _linear_with_bias(getattr(output, "dense", None)):
+        return False, "intermediate or output dense without bias"
+    return True, f"one op per block (fusekit::swin_block): LN + shift + partition, QKV GEMM, window attention, " \
+                 f"proj GEMM, merge + residual, MLP with GELU ({form})"
+
+
 def _patch_merging(m):
     norm = getattr(m, "norm", None)
     if not _affine_layer_norm(norm):
@@ -203,6 +237,7 @@ RULES = {
     "BertForMaskedLM": _masked_lm,
     "SwinTransformerBlock": _swin_block,
     "PatchMerging": _patch_merging,
+    "SwinLayer": _hf_swin_layer,
 }
 
 # Modules fusekit knows and never replaces (reported so that the report is complete).

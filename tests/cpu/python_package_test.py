@@ -255,6 +255,37 @@ class MatchingTest(unittest.TestCase):
         block.mlp.drop1.p = 0.1
         self.assertIn("MLP dropout", matching.decide("b", block).reason)
 
+    def hf_swin_layer(self, **overrides):
+        own = dict(query=linear(), key=linear(), value=linear(), relative_position_bias_table=object(),
+                   relative_position_index=object(), attention_head_size=32, window_size=(7, 7))
+        own.update(overrides.pop("own", {}))
+        values = dict(attention=stand_in("SwinAttention", self=stand_in("SwinSelfAttention", **own),
+                                         output=stand_in("SwinSelfOutput", dense=linear())),
+                      layernorm_before=layer_norm(), layernorm_after=layer_norm(),
+                      intermediate=stand_in("SwinIntermediate", dense=linear(),
+                                            intermediate_act_fn=stand_in("GELUActivation")),
+                      output=stand_in("SwinOutput", dense=linear()))
+        values.update(overrides)
+        return stand_in("SwinLayer", **values)
+
+    def test_hugging_face_swin_layer(self):
+        decision = matching.decide("swin.encoder.layers.0.blocks.0", self.hf_swin_layer())
+        self.assertEqual((decision.kind, decision.fused), ("SwinLayer", True), decision.reason)
+        self.assertIn("fusekit::swin_block", decision.reason)
+        for layer, reason in [
+            (self.hf_swin_layer(own=dict(key=linear(bias=False))), "qkv_bias=False"),
+            (self.hf_swin_layer(own=dict(attention_head_size=48)), "head_dim 48"),
+            (self.hf_swin_layer(own=dict(window_size=(8, 8))), "window (8, 8)"),
+            (self.hf_swin_layer(own=dict(relative_position_bias_table=None)), "relative position bias"),
+            (self.hf_swin_layer(layernorm_after=layer_norm(affine=False)), "layernorm_after"),
+            (self.hf_swin_layer(intermediate=stand_in("SwinIntermediate", dense=linear(),
+                                                      intermediate_act_fn=stand_in("ReLU"))), "ReLU"),
+            (self.hf_swin_layer(output=stand_in("SwinOutput", dense=linear(bias=False))), "without bias"),
+        ]:
+            decision = matching.decide("l", layer)
+            self.assertFalse(decision.fused, reason)
+            self.assertIn(reason, decision.reason)
+
     def test_patch_merging(self):
         norm = stand_in("LayerNorm", weight=object(), bias=object(), normalized_shape=(384,))
 

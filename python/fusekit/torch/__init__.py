@@ -8,8 +8,8 @@
     optimizer = fusekit.torch.AdamW(model.parameters(), lr=1e-4)   # fusekit's AdamW kernel
 
 Supported: Hugging Face BERT (BertModel, BertForMaskedLM, BertForPreTraining,
-BertForSequenceClassification and the other heads share its modules) and timm's SwinTransformer
-(its blocks and patch merging); a BERT encoder layer runs as one op (fusekit::bert_layer), its parts
+BertForSequenceClassification and the other heads share its modules), timm's SwinTransformer
+(its blocks and patch merging) and Hugging Face's Swin (SwinModel and its heads: its SwinLayers); a BERT encoder layer runs as one op (fusekit::bert_layer), its parts
 fused one by one where a call cannot take it. Patching swaps each matched module's class for a subclass with a fused forward; parameters, buffers and state_dict
 keys are untouched. A module that cannot be fused exactly is kept, with a warning saying why.
 """

@@ -1,4 +1,5 @@
-"""Fused forwards for timm's Swin Transformer (timm.models.swin_transformer): the block's attention
+"""Fused forwards for timm's Swin Transformer (timm.models.swin_transformer) and Hugging Face's
+(transformers' SwinLayer, FusedSwinLayer below): the block's attention
 branch as LayerNorm + shift + window partition (one kernel), the qkv GEMM, window attention with
 the relative position bias and shift mask (one kernel each way, the bias table's gradient
 included), the projection GEMM, and window reverse + reverse shift + residual add (one kernel);
@@ -13,6 +14,7 @@ draws than timm's). A call the kernels do not cover (a resolution that is not a 
 window, float32 without autocast for the attention, CPU tensors) runs the original forward.
 """
 
+import inspect
 import os
 
 import torch
@@ -107,6 +109,86 @@ class FusedSwinTransformerBlock:
         return (tokens + h).reshape(batch, height, width, channels)
 
 
+def _hf_drops(layer):
+    """Whether a Hugging Face SwinLayer call draws a dropout mask (the block op has none): attention
+    probabilities, attention output or MLP output dropout, in training."""
+    attention = layer.attention
+    return bool(layer.training and (attention.self.dropout.p or attention.output.dropout.p
+                                    or layer.output.dropout.p))
+
+
+def _hf_mask(layer, height, width, device):
+    """The shifted-window mask of a Hugging Face SwinLayer (its get_attn_mask, float32 [windows,
+    tokens, tokens]), made once per size and device instead of per call (a dozen small ops)."""
+    def make():
+        if layer._fusekit_mask_takes_device:
+            return layer.get_attn_mask(height, width, dtype=torch.float32, device=device).contiguous()
+        return layer.get_attn_mask(height, width, dtype=torch.float32).to(device).contiguous()
+
+    if torch.compiler.is_compiling():
+        return make()
+    key = (height, width, int(layer.window_size), int(layer.shift_size), device)
+    cached = layer.__dict__.get("_fusekit_mask")
+    if cached is None or cached[0] != key:
+        cached = (key, make())
+        layer.__dict__["_fusekit_mask"] = cached
+    return cached[1]
+
+
+class FusedSwinLayer:
+    """Hugging Face's SwinLayer (transformers' modeling_swin) as one op, fusekit::swin_block: the
+    query, key and value weights packed into one projection per call, stochastic depth on the
+    branches Hugging Face applies it to (transformers 4: the attention branch only). A call the op
+    cannot take (a size that is not a multiple of the window, which Hugging Face pads; dropout in
+    training; head_mask or attention maps; float32 without autocast) runs the original forward."""
+
+    @staticmethod
+    def _fusekit_class_attributes(original):
+        """How many branches this transformers' SwinLayer applies drop_path to, read from its source
+        once (1: the attention branch, as in transformers 4; None where it cannot be read, and then a
+        call with stochastic depth in training runs the original forward)."""
+        try:
+            count = inspect.getsource(original.forward).count("self.drop_path(")
+        except (OSError, TypeError):
+            count = 0
+        try:  # get_attn_mask(height, width, dtype[, device]): its signature changed over versions
+            takes_device = "device" in inspect.signature(original.get_attn_mask).parameters
+        except (AttributeError, TypeError, ValueError):
+            takes_device = False
+        return {"_fusekit_drop_path_branches": count if count in (1, 2) else None,
+                "_fusekit_mask_takes_device": takes_device}
+
+    def forward(self, hidden_states, input_dimensions, *args, **kwargs):
+        dtype = compute_dtype(hidden_states)
+        own = self.attention.self
+        branches = self._fusekit_drop_path_branches
+        dropping = self.training and getattr(self.drop_path, "drop_prob", 0.0)
+        if (not BLOCK_OP or dtype not in HALF or not hidden_states.is_cuda or hidden_states.dim() != 3
+                or any(a is not None and a is not False for a in args) or kwargs.get("head_mask") is not None
+                or kwargs.get("output_attentions") or _hf_drops(self) or (dropping and branches is None)):
+            return self._fusekit_original.forward(self, hidden_states, input_dimensions, *args, **kwargs)
+        if not kwargs.get("always_partition", False):
+            self.set_shift_and_window_size(input_dimensions)
+        height, width = input_dimensions
+        window, shift = int(self.window_size), int(self.shift_size)
+        if height % window or width % window or window * window not in (49, 144):
+            return self._fusekit_original.forward(self, hidden_states, input_dimensions, *args, **kwargs)
+        batch, _, channels = hidden_states.shape
+        x = hidden_states.contiguous().view(batch, height, width, channels)
+        before, after, dense = self.layernorm_before, self.layernorm_after, self.attention.output.dense
+        params = [before.weight, before.bias, torch.cat([own.query.weight, own.key.weight, own.value.weight]),
+                  torch.cat([own.query.bias, own.key.bias, own.value.bias]), own.relative_position_bias_table,
+                  dense.weight, dense.bias, after.weight, after.bias, self.intermediate.dense.weight,
+                  self.intermediate.dense.bias, self.output.dense.weight, self.output.dense.bias]
+        mask = _hf_mask(self, height, width, x.device) if shift else None
+        drop1 = _drop_path_scale(self.drop_path, batch, x)
+        drop2 = _drop_path_scale(self.drop_path, batch, x) if branches == 2 else None
+        y = ops.swin_block(x, params, _int32_index(own), mask, dtype, window, shift, own.num_attention_heads,
+                           own.attention_head_size ** -0.5, before.eps, after.eps,
+                           gelu_form(self.intermediate.intermediate_act_fn), drop1, drop2)
+        return (y.view(batch, height * width, channels),)
+
+
 class FusedPatchMerging:
     def forward(self, x):
         batch, height, width, channels = x.shape
@@ -120,4 +202,5 @@ class FusedPatchMerging:
 FUSED = {
     "SwinTransformerBlock": FusedSwinTransformerBlock,
     "PatchMerging": FusedPatchMerging,
+    "SwinLayer": FusedSwinLayer,
 }
