@@ -178,36 +178,72 @@ def _swin_block(m):
     return True, "LN + shift + partition, QKV GEMM, window_attention, proj GEMM, merge + residual, MLP"
 
 
+HfSwinParts = namedtuple("HfSwinParts", "q k v o index_owner table heads head_dim scale window dropouts fc1 fc2 act "
+                                         "returns_pair")
+
+
+def _p(dropout):
+    """A dropout module's p, or a float attribute's value, or 0."""
+    return getattr(dropout, "p", dropout) if dropout is not None else 0.0
+
+
+def hf_swin_parts(m):
+    """The parts of a Hugging Face SwinLayer that fusekit::swin_block takes, in either of its
+    layouts: transformers 4's (attention.self.query/key/value, attention.output.dense, intermediate
+    and output; the layer returns a 1-tuple) or the later one built on ViTLayer (attention.q_proj/
+    k_proj/v_proj/o_proj, attention.relative_position_bias, mlp.fc1/fc2; it returns (output,
+    attention weights)). None for neither."""
+    attention = getattr(m, "attention", None)
+    own = getattr(attention, "self", None)
+    if own is not None and getattr(attention, "output", None) is not None:
+        head_dim = getattr(own, "attention_head_size", None)
+        intermediate, output = getattr(m, "intermediate", None), getattr(m, "output", None)
+        return HfSwinParts(getattr(own, "query", None), getattr(own, "key", None), getattr(own, "value", None),
+                           getattr(attention.output, "dense", None), own,
+                           getattr(own, "relative_position_bias_table", None), getattr(own, "num_attention_heads", 0),
+                           head_dim, head_dim ** -0.5 if head_dim else None, getattr(own, "window_size", None),
+                           (_p(getattr(own, "dropout", None)), _p(getattr(attention.output, "dropout", None)),
+                            _p(getattr(output, "dropout", None))),
+                           getattr(intermediate, "dense", None), getattr(output, "dense", None),
+                           getattr(intermediate, "intermediate_act_fn", None), False)
+    bias = getattr(attention, "relative_position_bias", None)
+    mlp = getattr(m, "mlp", None)
+    if attention is None or bias is None or mlp is None:
+        return None
+    return HfSwinParts(getattr(attention, "q_proj", None), getattr(attention, "k_proj", None),
+                       getattr(attention, "v_proj", None), getattr(attention, "o_proj", None), bias,
+                       getattr(bias, "relative_position_bias_table", None),
+                       getattr(attention, "num_attention_heads", 0), getattr(attention, "head_dim", None),
+                       getattr(attention, "scaling", None),
+                       getattr(bias, "window_size", None),
+                       (_p(getattr(attention, "attention_dropout", None)), _p(getattr(m, "dropout", None))),
+                       getattr(mlp, "fc1", None), getattr(mlp, "fc2", None), getattr(mlp, "activation_fn", None), True)
+
+
 def _hf_swin_layer(m):
     """Hugging Face's SwinLayer (transformers' modeling_swin) as fusekit::swin_block: the query, key
     and value projections packed into one, the MLP as timm's."""
-    attention = getattr(m, "attention", None)
-    own, out = getattr(attention, "self", None), getattr(attention, "output", None)
-    if own is None or out is None:
-        return False, "no attention.self or attention.output"
-    if not all(_linear_with_bias(getattr(own, name, None)) for name in ("query", "key", "value")):
+    parts = hf_swin_parts(m)
+    if parts is None:
+        return False, "neither of Hugging Face's SwinLayer layouts (attention.self / attention.q_proj)"
+    if not all(_linear_with_bias(x) for x in (parts.q, parts.k, parts.v)):
         return False, "query, key or value without bias (qkv_bias=False)"
-    if getattr(own, "relative_position_bias_table", None) is None or \
-            getattr(own, "relative_position_index", None) is None:
+    if parts.table is None or getattr(parts.index_owner, "relative_position_index", None) is None:
         return False, "no relative position bias"
-    head_dim = getattr(own, "attention_head_size", None)
-    if head_dim not in WINDOW_HEAD_DIMS:
-        return False, f"head_dim {head_dim} (fused: {', '.join(map(str, WINDOW_HEAD_DIMS))})"
-    window = getattr(own, "window_size", None)
-    if not _pair_equal(window) or tuple(window)[0] ** 2 not in WINDOW_TOKENS:
-        return False, f"window {window} (fused: 7x7 or 12x12)"
-    if not _linear_with_bias(getattr(out, "dense", None)):
-        return False, "attention output dense without bias"
+    if parts.head_dim not in WINDOW_HEAD_DIMS:
+        return False, f"head_dim {parts.head_dim} (fused: {', '.join(map(str, WINDOW_HEAD_DIMS))})"
+    if not _pair_equal(parts.window) or tuple(parts.window)[0] ** 2 not in WINDOW_TOKENS:
+        return False, f"window {parts.window} (fused: 7x7 or 12x12)"
+    if not _linear_with_bias(parts.o):
+        return False, "attention output projection without bias"
     if not _affine_layer_norm(getattr(m, "layernorm_before", None)) or \
             not _affine_layer_norm(getattr(m, "layernorm_after", None)):
         return False, "layernorm_before or layernorm_after is not an affine LayerNorm"
-    intermediate, output = getattr(m, "intermediate", None), getattr(m, "output", None)
-    form = gelu_form(getattr(intermediate, "intermediate_act_fn", None))
+    form = gelu_form(parts.act)
     if form is None:
-        return False, f"activation {type(getattr(intermediate, 'intermediate_act_fn', None)).__name__} (fused: GELU)"
-    if not _linear_with_bias(getattr(intermediate, "dense", None)) or \
-            not _linear_with_bias(getattr(output, "dense", None)):
-        return False, "intermediate or output dense without bias"
+        return False, f"activation {type(parts.act).__name__} (fused: GELU)"
+    if not _linear_with_bias(parts.fc1) or not _linear_with_bias(parts.fc2):
+        return False, "MLP dense without bias"
     return True, f"one op per block (fusekit::swin_block): LN + shift + partition, QKV GEMM, window attention, " \
                  f"proj GEMM, merge + residual, MLP with GELU ({form})"
 

@@ -281,10 +281,41 @@ class MatchingTest(unittest.TestCase):
             (self.hf_swin_layer(intermediate=stand_in("SwinIntermediate", dense=linear(),
                                                       intermediate_act_fn=stand_in("ReLU"))), "ReLU"),
             (self.hf_swin_layer(output=stand_in("SwinOutput", dense=linear(bias=False))), "without bias"),
+            (stand_in("SwinLayer", attention=stand_in("SwinAttention")), "neither of Hugging Face's"),
         ]:
             decision = matching.decide("l", layer)
             self.assertFalse(decision.fused, reason)
             self.assertIn(reason, decision.reason)
+        parts = matching.hf_swin_parts(self.hf_swin_layer())
+        self.assertFalse(parts.returns_pair)
+        self.assertEqual((parts.head_dim, parts.scale), (32, 32 ** -0.5))
+
+    def test_hugging_face_swin_layer_on_vit_layer(self):
+        """The later layout (SwinLayer built on ViTLayer): q/k/v/o_proj, relative_position_bias,
+        mlp, one dropout; the layer returns (output, attention weights)."""
+        def layer(**overrides):
+            bias = stand_in("SwinRelativePositionBias", relative_position_bias_table=object(),
+                            relative_position_index=object(), window_size=(7, 7))
+            attention = dict(q_proj=linear(), k_proj=linear(), v_proj=linear(), o_proj=linear(),
+                             relative_position_bias=bias, num_attention_heads=3, head_dim=32, scaling=32 ** -0.5,
+                             attention_dropout=0.0)
+            attention.update(overrides.pop("attention", {}))
+            values = dict(attention=stand_in("SwinAttention", **attention), layernorm_before=layer_norm(),
+                          layernorm_after=layer_norm(), dropout=stand_in("Dropout", p=0.0),
+                          mlp=stand_in("SwinMLP", fc1=linear(), fc2=linear(), activation_fn=stand_in("GELUActivation")))
+            values.update(overrides)
+            return stand_in("SwinLayer", **values)
+
+        decision = matching.decide("swin.encoder.layers.0.blocks.0", layer())
+        self.assertTrue(decision.fused, decision.reason)
+        parts = matching.hf_swin_parts(layer(dropout=stand_in("Dropout", p=0.1)))
+        self.assertTrue(parts.returns_pair)
+        self.assertEqual((parts.heads, parts.head_dim, parts.dropouts), (3, 32, (0.0, 0.1)))
+        self.assertIn("qkv_bias=False", matching.decide("l", layer(attention=dict(k_proj=linear(bias=False)))).reason)
+        self.assertIn("head_dim 48", matching.decide("l", layer(attention=dict(head_dim=48))).reason)
+        self.assertIn("window (12, 7)", matching.decide("l", layer(attention=dict(relative_position_bias=stand_in(
+            "SwinRelativePositionBias", relative_position_bias_table=object(), relative_position_index=object(),
+            window_size=(12, 7))))).reason)
 
     def test_patch_merging(self):
         norm = stand_in("LayerNorm", weight=object(), bias=object(), normalized_shape=(384,))

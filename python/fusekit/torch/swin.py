@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from fusekit import ops
-from fusekit.matching import gelu_form
+from fusekit.matching import gelu_form, hf_swin_parts
 from fusekit.torch.bert import HALF, compute_dtype
 
 
@@ -109,14 +109,6 @@ class FusedSwinTransformerBlock:
         return (tokens + h).reshape(batch, height, width, channels)
 
 
-def _hf_drops(layer):
-    """Whether a Hugging Face SwinLayer call draws a dropout mask (the block op has none): attention
-    probabilities, attention output or MLP output dropout, in training."""
-    attention = layer.attention
-    return bool(layer.training and (attention.self.dropout.p or attention.output.dropout.p
-                                    or layer.output.dropout.p))
-
-
 def _hf_mask(layer, height, width, device):
     """The shifted-window mask of a Hugging Face SwinLayer (its get_attn_mask, float32 [windows,
     tokens, tokens]), made once per size and device instead of per call (a dozen small ops)."""
@@ -136,11 +128,12 @@ def _hf_mask(layer, height, width, device):
 
 
 class FusedSwinLayer:
-    """Hugging Face's SwinLayer (transformers' modeling_swin) as one op, fusekit::swin_block: the
-    query, key and value weights packed into one projection per call, stochastic depth on the
-    branches Hugging Face applies it to (transformers 4: the attention branch only). A call the op
-    cannot take (a size that is not a multiple of the window, which Hugging Face pads; dropout in
-    training; head_mask or attention maps; float32 without autocast) runs the original forward."""
+    """Hugging Face's SwinLayer (transformers' modeling_swin, either layout: fusekit.matching's
+    hf_swin_parts) as one op, fusekit::swin_block: the query, key and value weights packed into one
+    projection per call, stochastic depth on the branches Hugging Face applies it to (the attention
+    branch only, in both layouts). A call the op cannot take (a size that is not a multiple of the
+    window, which Hugging Face pads; a window shrunk below the attention's; dropout in training;
+    head_mask or attention maps; float32 without autocast) runs the original forward."""
 
     @staticmethod
     def _fusekit_class_attributes(original):
@@ -160,33 +153,35 @@ class FusedSwinLayer:
 
     def forward(self, hidden_states, input_dimensions, *args, **kwargs):
         dtype = compute_dtype(hidden_states)
-        own = self.attention.self
+        parts = hf_swin_parts(self)
         branches = self._fusekit_drop_path_branches
         dropping = self.training and getattr(self.drop_path, "drop_prob", 0.0)
-        if (not BLOCK_OP or dtype not in HALF or not hidden_states.is_cuda or hidden_states.dim() != 3
-                or any(a is not None and a is not False for a in args) or kwargs.get("head_mask") is not None
-                or kwargs.get("output_attentions") or _hf_drops(self) or (dropping and branches is None)):
+        if (not BLOCK_OP or parts is None or dtype not in HALF or not hidden_states.is_cuda
+                or hidden_states.dim() != 3 or any(a is not None and a is not False for a in args)
+                or kwargs.get("head_mask") is not None or kwargs.get("output_attentions")
+                or (self.training and any(parts.dropouts)) or (dropping and branches is None)):
             return self._fusekit_original.forward(self, hidden_states, input_dimensions, *args, **kwargs)
         if not kwargs.get("always_partition", False):
             self.set_shift_and_window_size(input_dimensions)
         height, width = input_dimensions
         window, shift = int(self.window_size), int(self.shift_size)
-        if height % window or width % window or window * window not in (49, 144):
+        # The window must still be the attention's (set_shift_and_window_size shrinks it for a small
+        # input, while the bias table and index stay those of the configured window).
+        if height % window or width % window or window != tuple(parts.window)[0]:
             return self._fusekit_original.forward(self, hidden_states, input_dimensions, *args, **kwargs)
         batch, _, channels = hidden_states.shape
         x = hidden_states.contiguous().view(batch, height, width, channels)
-        before, after, dense = self.layernorm_before, self.layernorm_after, self.attention.output.dense
-        params = [before.weight, before.bias, torch.cat([own.query.weight, own.key.weight, own.value.weight]),
-                  torch.cat([own.query.bias, own.key.bias, own.value.bias]), own.relative_position_bias_table,
-                  dense.weight, dense.bias, after.weight, after.bias, self.intermediate.dense.weight,
-                  self.intermediate.dense.bias, self.output.dense.weight, self.output.dense.bias]
+        before, after = self.layernorm_before, self.layernorm_after
+        params = [before.weight, before.bias, torch.cat([parts.q.weight, parts.k.weight, parts.v.weight]),
+                  torch.cat([parts.q.bias, parts.k.bias, parts.v.bias]), parts.table, parts.o.weight, parts.o.bias,
+                  after.weight, after.bias, parts.fc1.weight, parts.fc1.bias, parts.fc2.weight, parts.fc2.bias]
         mask = _hf_mask(self, height, width, x.device) if shift else None
         drop1 = _drop_path_scale(self.drop_path, batch, x)
         drop2 = _drop_path_scale(self.drop_path, batch, x) if branches == 2 else None
-        y = ops.swin_block(x, params, _int32_index(own), mask, dtype, window, shift, own.num_attention_heads,
-                           own.attention_head_size ** -0.5, before.eps, after.eps,
-                           gelu_form(self.intermediate.intermediate_act_fn), drop1, drop2)
-        return (y.view(batch, height * width, channels),)
+        y = ops.swin_block(x, params, _int32_index(parts.index_owner), mask, dtype, window, shift, parts.heads,
+                           parts.scale, before.eps, after.eps, gelu_form(parts.act), drop1, drop2)
+        y = y.view(batch, height * width, channels)
+        return (y, None) if parts.returns_pair else (y,)
 
 
 class FusedPatchMerging:
