@@ -56,12 +56,6 @@ uint64_t mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-kernels::GeluApproximation approximation_of(std::string_view name, const char* op) {
-  if (name == "none") return kernels::GeluApproximation::none;
-  if (name == "tanh") return kernels::GeluApproximation::tanh;
-  TORCH_CHECK_VALUE(false, text("fusekit::", op, ": approximate must be 'none' or 'tanh', not '", name, "'"));
-}
-
 struct Layer {
   kernels::DType dtype;
   int batch, seq, tokens, hidden, intermediate, heads;
@@ -118,17 +112,7 @@ Layer check(const at::Tensor& x, const at::Tensor& lengths, at::TensorList param
                     text("fusekit::", op, ": hidden size ", h, " is not a multiple of heads ", heads));
   const int64_t i = params[10].dim() == 2 ? params[10].size(0) : -1;
   const std::vector<std::vector<int64_t>> shapes = parameter_shapes(h, i);
-  for (int k = 0; k < kParams; ++k) {
-    const at::Tensor& p = params[k];
-    const std::string name = "params[" + std::to_string(k) + "]";
-    check_cuda(p, op, name.c_str());
-    dtype_of(p, op, name.c_str());
-    TORCH_CHECK_VALUE(p.device() == x.device(),
-                      text("fusekit::", op, ": ", name, " is on ", p.device(), " but x on ", x.device()));
-    TORCH_CHECK_VALUE(p.sizes() == c10::IntArrayRef(shapes[k]),
-                      text("fusekit::", op, ": ", name, " has shape ", p.sizes(), ", expected ",
-                           c10::IntArrayRef(shapes[k]), " (hidden ", h, ", intermediate ", i, ")"));
-  }
+  check_params(params, shapes, x, op, [&] { return text("hidden ", h, ", intermediate ", i); });
   TORCH_CHECK_VALUE(scale > 0, text("fusekit::", op, ": scale must be positive, not ", scale));
   check_dropout(p_attention, op);
   check_dropout(p_attention_output, op);
@@ -142,7 +126,7 @@ Layer check(const at::Tensor& x, const at::Tensor& lengths, at::TensorList param
   l.hidden = int_size(h, op, "hidden");
   l.intermediate = int_size(i, op, "intermediate");
   l.heads = static_cast<int>(heads);
-  l.approximation = approximation_of(approximate, op);
+  l.approximation = gelu_approximation_of(approximate, op);
   TORCH_CHECK_VALUE(l.tokens > 0, text("fusekit::", op, ": x is empty (", x.sizes(), ")"));
   try {
     kernels::check_bert_attention(dtype, {l.batch, l.heads, l.seq, l.hidden / l.heads},

@@ -11,12 +11,6 @@
 namespace fusekit::torch_ops {
 namespace {
 
-kernels::GeluApproximation approximation_of(std::string_view approximate, const char* op) {
-  if (approximate == "none") return kernels::GeluApproximation::none;
-  if (approximate == "tanh") return kernels::GeluApproximation::tanh;
-  TORCH_CHECK_VALUE(false, text("fusekit::", op, ": approximate must be 'none' or 'tanh', not '", approximate, "'"));
-}
-
 // Rows of x [..., C] against a bias [C].
 int rows_of(const at::Tensor& x, const at::Tensor& bias, const char* op) {
   TORCH_CHECK_VALUE(x.dim() >= 1, text("fusekit::", op, ": x must have at least one dimension"));
@@ -30,7 +24,7 @@ at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, c10::string_vi
   check_cuda(bias, op, "bias");
   const kernels::DType dtype = dtype_of(x, op, "x");
   check_same(x, "x", {{&bias, "bias"}}, op);
-  const auto form = approximation_of(std::string_view(approximate.data(), approximate.size()), op);
+  const auto form = gelu_approximation_of(std::string_view(approximate.data(), approximate.size()), op);
   const int rows = rows_of(x, bias, op);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty_like(x);
@@ -51,7 +45,7 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& dy, cons
   check_same(x, "x", {{&dy, "dy"}, {&bias, "bias"}}, op);
   TORCH_CHECK_VALUE(dy.sizes() == x.sizes(),
                     text("fusekit::bias_gelu_backward: dy has shape ", dy.sizes(), " but x has ", x.sizes()));
-  const auto form = approximation_of(std::string_view(approximate.data(), approximate.size()), op);
+  const auto form = gelu_approximation_of(std::string_view(approximate.data(), approximate.size()), op);
   const int rows = rows_of(x, bias, op);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor dx = at::empty_like(x);

@@ -98,17 +98,7 @@ Block check(const at::Tensor& x, at::TensorList params, const at::Tensor& index,
   const int64_t f = params[9].dim() == 2 ? params[9].size(0) : -1;
   const int64_t entries = (2 * window - 1) * (2 * window - 1);
   const std::vector<std::vector<int64_t>> shapes = parameter_shapes(c, f, entries, heads);
-  for (int k = 0; k < kParams; ++k) {
-    const at::Tensor& p = params[k];
-    const std::string name = "params[" + std::to_string(k) + "]";
-    check_cuda(p, op, name.c_str());
-    dtype_of(p, op, name.c_str());
-    TORCH_CHECK_VALUE(p.device() == x.device(),
-                      text("fusekit::", op, ": ", name, " is on ", p.device(), " but x on ", x.device()));
-    TORCH_CHECK_VALUE(p.sizes() == c10::IntArrayRef(shapes[k]),
-                      text("fusekit::", op, ": ", name, " has shape ", p.sizes(), ", expected ",
-                           c10::IntArrayRef(shapes[k]), " (channels ", c, ", MLP ", f, ", heads ", heads, ")"));
-  }
+  check_params(params, shapes, x, op, [&] { return text("channels ", c, ", MLP ", f, ", heads ", heads); });
   const int64_t n = window * window;
   check_cuda(index, at::kInt, op, "index");
   TORCH_CHECK_VALUE(index.device() == x.device() && index.numel() == n * n,
@@ -136,13 +126,7 @@ Block check(const at::Tensor& x, at::TensorList params, const at::Tensor& index,
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK_VALUE(false, text("fusekit::", op, ": ", e.what()));
   }
-  if (approximate == "none") {
-    b.approximation = kernels::GeluApproximation::none;
-  } else if (approximate == "tanh") {
-    b.approximation = kernels::GeluApproximation::tanh;
-  } else {
-    TORCH_CHECK_VALUE(false, text("fusekit::", op, ": approximate must be 'none' or 'tanh', not '", approximate, "'"));
-  }
+  b.approximation = gelu_approximation_of(approximate, op);
   // The bias table goes last: its (2 window - 1)^2 x heads elements would leave the weights after
   // it misaligned for cuBLASLt and the vectorized kernels; every other size is a multiple of C.
   constexpr int kOrder[kParams] = {0, 1, 7, 8, 2, 3, 5, 6, 9, 10, 11, 12, 4};

@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/bias_gelu.h"
 #include "kernels/dtype.h"
 
 namespace fusekit::torch_ops {
@@ -134,6 +135,13 @@ inline PhiloxStream philox_of(const at::Tensor& philox, const at::Tensor& like, 
   const at::Tensor c = philox.contiguous();
   const int64_t* v = c.data_ptr<int64_t>();
   return {static_cast<uint64_t>(v[0]), static_cast<uint64_t>(v[1]), nullptr};
+}
+
+// A GELU form by PyTorch's name for it ("none": erf, "tanh"); a ValueError naming `op` otherwise.
+inline kernels::GeluApproximation gelu_approximation_of(std::string_view name, const char* op) {
+  if (name == "none") return kernels::GeluApproximation::none;
+  if (name == "tanh") return kernels::GeluApproximation::tanh;
+  TORCH_CHECK_VALUE(false, text("fusekit::", op, ": approximate must be 'none' or 'tanh', not '", name, "'"));
 }
 
 inline cudaStream_t current_stream(const at::Tensor& on) {
