@@ -9,9 +9,11 @@
 
 Supported: Hugging Face BERT (BertModel, BertForMaskedLM, BertForPreTraining,
 BertForSequenceClassification and the other heads share its modules), timm's SwinTransformer
-(its blocks and patch merging) and Hugging Face's Swin (SwinModel and its heads: its SwinLayers); a BERT encoder layer runs as one op (fusekit::bert_layer), its parts
-fused one by one where a call cannot take it. Patching swaps each matched module's class for a subclass with a fused forward; parameters, buffers and state_dict
-keys are untouched. A module that cannot be fused exactly is kept, with a warning saying why.
+(its blocks and patch merging) and Hugging Face's Swin (SwinModel and its heads: its SwinLayers).
+A BERT encoder layer runs as one op (fusekit::bert_layer), its parts fused one by one where a call
+cannot take it; a Swin block as one op (fusekit::swin_block). Patching swaps each matched module's
+class for a subclass with a fused forward; parameters, buffers and state_dict keys are untouched.
+A module that cannot be fused exactly is kept, with a warning saying why.
 """
 
 import importlib.util
@@ -49,7 +51,8 @@ def _fused_class(original, kind):
     if key not in _FUSED_CLASSES:
         mixin = FUSED[kind]
         attributes = {"_fusekit_original": original, "__module__": mixin.__module__}
-        if hasattr(mixin, "_fusekit_class_attributes"):  # constants a fused forward reads (bert.FusedBertLayer)
+        # Constants a fused forward reads (FusedBertLayer, FusedSwinLayer), set once per class.
+        if hasattr(mixin, "_fusekit_class_attributes"):
             attributes.update(mixin._fusekit_class_attributes(original))
         _FUSED_CLASSES[key] = type("Fused" + original.__name__, (mixin, original), attributes)
     return _FUSED_CLASSES[key]
