@@ -328,11 +328,32 @@ def decide(path, module, only=None, exclude=frozenset()):
     return None
 
 
+# Kinds whose fused op runs their whole subtree: a fused module inside one runs only on calls that
+# the enclosing op cannot take (fusekit::bert_layer's fallbacks), which the summary says.
+WHOLE_LAYER = frozenset({"BertLayer"})
+
+
+def _enclosing_layer(decision, layers):
+    """The kind of the nearest fused WHOLE_LAYER module above `decision`'s path, or None."""
+    path = decision.path
+    while "." in path:
+        path = path.rsplit(".", 1)[0]
+        if path in layers:
+            return layers[path]
+    return None
+
+
 def summarize(decisions):
-    """One line per (kind, fused, reason), with how many modules share it."""
+    """One line per (kind, fused, reason), with how many modules share it; fused modules inside a
+    fused whole layer are counted apart, as its fallback."""
+    layers = {d.path: d.kind for d in decisions if d.fused and d.kind in WHOLE_LAYER}
     counts = {}
     for d in decisions:
-        key = (d.kind, d.fused, d.reason)
+        reason = d.reason
+        enclosing = _enclosing_layer(d, layers) if d.fused else None
+        if enclosing is not None:
+            reason += f" (inside a fused {enclosing}: runs where a call cannot take the {enclosing} op)"
+        key = (d.kind, d.fused, reason)
         counts[key] = counts.get(key, 0) + 1
     lines = []
     for (kind, fused, reason), n in counts.items():

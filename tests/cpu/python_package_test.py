@@ -372,6 +372,19 @@ class MatchingTest(unittest.TestCase):
         self.assertIn("fused  12 x BertSelfAttention", text)
         self.assertIn("kept    1 x BertSelfAttention: head_dim 48", text)
 
+    def test_summary_marks_the_parts_of_a_fused_layer_as_its_fallback(self):
+        Decision = matching.Decision
+        decisions = [Decision("", "BertForMaskedLM", True, "loss"),
+                     Decision("bert.encoder.layer.0", "BertLayer", True, "one op"),
+                     Decision("bert.encoder.layer.0.attention.self", "BertSelfAttention", True, "attn"),
+                     Decision("bert.encoder.layer.1", "BertLayer", False, "kept"),
+                     Decision("bert.encoder.layer.1.attention.self", "BertSelfAttention", True, "attn")]
+        lines = matching.summarize(decisions).splitlines()
+        self.assertIn("fused   1 x BertForMaskedLM: loss", lines)  # the root is no whole layer
+        self.assertIn("fused   1 x BertSelfAttention: attn (inside a fused BertLayer: runs where a call cannot "
+                      "take the BertLayer op)", lines)
+        self.assertIn("fused   1 x BertSelfAttention: attn", lines)  # its layer was kept: it always runs
+
 
 if __name__ == "__main__":
     unittest.main()
