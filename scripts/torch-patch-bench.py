@@ -3,7 +3,7 @@ torch.compile, in one process: Hugging Face BertForMaskedLM (BERT-base, batch 64
 padding: scripts/peers/ops/bert_step.py's model, data and optimizer) and timm's Swin-T (batch 128,
 224 x 224, cross-entropy with label smoothing 0.1), AMP in fp16 or bf16, fused AdamW. Each variant
 starts from the same weights; medians of --steps steps after --warmup, timed with CUDA events, and
-the peak memory PyTorch's allocator reserved. Prints a table and writes --json.
+the peak memory PyTorch's allocator reserved (and allocated). Prints a table and writes --json.
 
     PYTHONPATH=python python3 scripts/torch-patch-bench.py --models bert,swin --dtype fp16 --json out.json
 """
@@ -158,6 +158,9 @@ def run(setup, variant, dtype, warmup, steps, profile=None):
     ms = [b.elapsed_time(e) for b, e in times]
     result = {"median_ms": statistics.median(ms), "q1_ms": statistics.quantiles(ms, n=4)[0],
               "q3_ms": statistics.quantiles(ms, n=4)[2], "peak_bytes": torch.cuda.max_memory_reserved(),
+              # What tensors held at the peak; reserved minus this is the allocator's caching and
+              # fragmentation, which differ between variants of the same saved activations.
+              "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
               # Host time to enqueue a step: near median_ms, the step waits on the host (launch-bound),
               # well below it, on the GPU; a synchronization inside the step (e.g. a model's own
               # check of its mask) counts its wait here too.
@@ -246,7 +249,8 @@ def main():
             eager = results.get(f"{name}/eager", {})
             eager = eager if "median_ms" in eager else None
             print(f"{name:5s} {variant:16s} {r['median_ms']:8.2f} ms (q1 {r['q1_ms']:.2f}, q3 {r['q3_ms']:.2f})  "
-                  f"host {r['host_ms']:6.2f} ms  peak {r['peak_bytes'] / 2**30:6.2f} GiB"
+                  f"host {r['host_ms']:6.2f} ms  peak {r['peak_bytes'] / 2**30:6.2f} GiB "
+                  f"({r['peak_allocated_bytes'] / 2**30:.2f} allocated)"
                   + (f"  {eager['median_ms'] / r['median_ms']:5.2f}x eager" if eager else ""), flush=True)
             if args.json:  # after every variant, so that a run cut short keeps what it measured
                 with open(args.json, "w") as f:
