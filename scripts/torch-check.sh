@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The PyTorch side on a GPU machine: builds the operator library (torch_ops/), runs its pytest
-# suites (tests/gpu/python: the ops, opcheck, fusekit.torch.patch on Hugging Face BERT) and, with
+# suites (tests/gpu/python: the ops, opcheck, fusekit.torch.patch on Hugging Face BERT, timm's and
+# Hugging Face's Swin) and, with
 # --bench, times the BERT step peer (scripts/peers/ops.py, cases of `fusekit cases --suite models`)
 # with the unpatched and the fusekit-patched model, eager and compiled, without the tracer; with
 # --overhead, the host cost per op and per BERT step (scripts/torch-op-overhead.py). The tests and
@@ -39,7 +40,7 @@ export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 
 failed=0
 for mode in $modes; do
-  for test in torch_ops_test torch_patch_bert_test torch_patch_swin_test; do
+  for test in torch_ops_test torch_patch_bert_test torch_patch_swin_test torch_patch_hf_swin_test; do
     start=$SECONDS
     log="$OUT/$test-$mode.log"
     FUSEKIT_TORCH_AUTOGRAD=$mode python3 -m pytest -q -p no:cacheprovider -rs "$@" "tests/gpu/python/$test.py" \

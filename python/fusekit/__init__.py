@@ -1,7 +1,7 @@
 """fusekit's fused CUDA operators inside PyTorch: custom ops with autograd and drop-in patches.
 
     import fusekit.torch
-    report = fusekit.torch.patch(model)   # a Hugging Face BERT model, in place
+    report = fusekit.torch.patch(model)   # a Hugging Face BERT or Swin, or timm Swin, in place
     print(report)                         # what was fused, what was left alone and why
 
 This top-level package imports without PyTorch or a GPU (so that tools can ask what is missing);

@@ -5,9 +5,10 @@ Plain Python over the modules' class names and attributes (no PyTorch import), s
 tested on the CPU with stand-in modules. fusekit.torch.patch applies the decisions.
 
 A module is fused only where the fused version computes the same function; otherwise it is kept
-with a reason. Conditions that only a call can tell (float32 inputs, a mask that is not key
-padding, cached keys and values, an attention map requested) make a fused module run the
-original forward for that call instead (see fusekit/torch/bert.py).
+with a reason. Conditions that only a call can tell (float32 inputs, a mask the fused attention
+cannot read, cached keys and values, an attention map requested) make a fused module run the
+original forward for that call instead; a mask tensor that is not key padding on the right is a
+device-side assert (see fusekit/torch/bert.py).
 """
 
 from collections import namedtuple

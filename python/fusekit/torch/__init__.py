@@ -2,7 +2,8 @@
 
     import fusekit.torch
     report = fusekit.torch.patch(model)   # in place; returns what was fused and what was kept
-    fusekit.torch.patch(model, only={"BertSelfAttention"})   # or exclude={...}: some kinds only
+    fusekit.torch.patch(model, only={"BertSelfAttention"})   # on an unpatched model (unpatch() first):
+                                                             # those kinds only; or exclude={...}
     print(report)
     fusekit.torch.unpatch(model)          # back to the original classes
     optimizer = fusekit.torch.AdamW(model.parameters(), lr=1e-4)   # fusekit's AdamW kernel

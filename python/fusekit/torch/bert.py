@@ -2,8 +2,10 @@
 own parameters: state_dict keys and values are unchanged, so checkpoints load both ways.
 
 Each fused class subclasses the original and overrides forward; a call that the fused path cannot
-compute exactly the same (float32 attention, cached keys, an attention map requested, a mask that
-is not key padding on the right, CPU tensors) runs the original forward instead.
+compute exactly the same (float32 attention, cached keys, an attention map requested, a mask
+the fused attention cannot read, such as a flex BlockMask, CPU tensors) runs the original forward
+instead. A mask tensor that is not key padding on the right stops the program with a device-side
+assert: reading it on the host would cost a sync per forward, and a guess would be a wrong result.
 
 Mixed precision: under torch.autocast the fused ops run in the autocast dtype (float32
 parameters are cast, as autocast casts a linear layer's weight); without autocast, in the

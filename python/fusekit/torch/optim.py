@@ -1,6 +1,8 @@
 """fusekit.torch.AdamW: torch.optim.AdamW's update (decoupled weight decay) over fusekit's AdamW
-kernel (kernels/adamw.h): each parameter group's float32 parameters in one launch, whatever their
-sizes and alignments. Use it as torch.optim.AdamW, with torch.amp.GradScaler as usual (the scaler
+kernel (kernels/adamw.h): a group's float32 parameters that share a step count in one launch,
+whatever their sizes and alignments. Use it in place of torch.optim.AdamW (the same update and
+defaults; lr, betas, eps and weight_decay only: amsgrad, maximize, foreach, capturable and fused
+are not taken; its state keeps step as an int, torch's as a tensor), with torch.amp.GradScaler as usual (the scaler
 unscales the gradients and skips the step on non-finite ones before calling step()). Parameters
 must be float32 CUDA tensors (mixed precision keeps its master weights in float32 under autocast);
 16-bit parameters raise a TypeError that says so.

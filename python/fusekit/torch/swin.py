@@ -6,8 +6,11 @@ included), the projection GEMM, and window reverse + reverse shift + residual ad
 its MLP branch as LayerNorm, a GEMM, bias + GELU and a GEMM; PatchMerging as the 2x2 gather +
 LayerNorm (one kernel) and the reduction GEMM. Parameters and buffers are the modules' own.
 
-A block runs as one op (fusekit::swin_block) unless it has projection dropout in training;
-otherwise as the ops above. Stochastic depth (DropPath)
+A timm block runs as one op (fusekit::swin_block) unless it has projection dropout in training,
+or BLOCK_OP is False (FUSEKIT_SWIN_BLOCK_OP=0 at import): then as the ops above. Hugging Face's
+SwinLayer has the block op only: where it cannot take a call (dropout in training, padding, a
+shrunk window, head masks, attention maps) or BLOCK_OP is False, its original forward runs.
+Stochastic depth (DropPath)
 keeps timm's semantics: each sample's branch is dropped with the
 module's probability and the kept ones scaled by 1 / keep, drawn from PyTorch's generator (other
 draws than timm's). A call the kernels do not cover (a resolution that is not a multiple of the
