@@ -262,25 +262,33 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> backward(const at::Tensor& dy, c
                                          kernels::bert_attention_backward_workspace_bytes(shape)});
   at::Tensor scratch = workspace(scratch_bytes, x);
   const at::Tensor dy_ = dy.contiguous();
+  // The backward of one of the layer's two post-LN "bias + dropout + residual + LayerNorm" blocks,
+  // from the gradient of its output, its input (to recompute h), residual and saved statistics;
+  // parameters k, k + 1 and k + 2 are its bias, gamma and beta (their gradients go to dpacked).
+  auto layernorm_backward = [&](const void* dout, const at::Tensor& input, const at::Tensor& residual, int k,
+                                const at::Tensor& mean, const at::Tensor& rstd, const kernels::Dropout& dropout,
+                                void* dinput, void* dresidual) {
+    kernels::BiasDropoutResidualBackwardTensors t;
+    t.dy = dout;
+    t.x = input.data_ptr();
+    t.bias = P(k);
+    t.residual = residual.data_ptr();
+    t.gamma = P(k + 1);
+    t.mean = mean.data_ptr<float>();
+    t.rstd = rstd.data_ptr<float>();
+    t.dx = dinput;
+    t.dresidual = dresidual;
+    t.dbias = D(k);
+    t.dgamma = D(k + 1);
+    t.dbeta = D(k + 2);
+    kernels::bias_dropout_residual_layernorm_backward(l.dtype, kernels::ResidualOrder::post_ln, t, dropout, N, H,
+                                                      scratch.data_ptr(), stream);
+  };
   {
     const std::lock_guard<std::mutex> lock(linear_context_mutex());
     kernels::LinearContext& gemm = linear_context_for(x.device().index());
     // Output LayerNorm: h1 = d down, h2 = d a (the residual branch).
-    kernels::BiasDropoutResidualBackwardTensors t2;
-    t2.dy = dy_.data_ptr();
-    t2.x = down.data_ptr();
-    t2.bias = P(13);
-    t2.residual = a.data_ptr();
-    t2.gamma = P(14);
-    t2.mean = mean2.data_ptr<float>();
-    t2.rstd = rstd2.data_ptr<float>();
-    t2.dx = h1.data_ptr();
-    t2.dresidual = h2.data_ptr();
-    t2.dbias = D(13);
-    t2.dgamma = D(14);
-    t2.dbeta = D(15);
-    kernels::bias_dropout_residual_layernorm_backward(l.dtype, kernels::ResidualOrder::post_ln, t2, l.output, N, H,
-                                                      scratch.data_ptr(), stream);
+    layernorm_backward(dy_.data_ptr(), down, a, 13, mean2, rstd2, l.output, h1.data_ptr(), h2.data_ptr());
     // FFN: d g = h1 W2, d W2 = h1^T g; d up and d b1 through the GELU; d W1 = dup^T a; d a += dup W1.
     kernels::linear_input_gradient(gemm, l.dtype, {N, H, I, false}, h1.data_ptr(), P(12), dg.data_ptr(), false, stream);
     kernels::linear_weight_gradient(gemm, l.dtype, {N, H, I, false}, h1.data_ptr(), g.data_ptr(), D(12), nullptr, false,
@@ -291,21 +299,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> backward(const at::Tensor& dy, c
                                     false, stream);
     kernels::linear_input_gradient(gemm, l.dtype, {N, I, H, false}, dup.data_ptr(), P(10), h2.data_ptr(), true, stream);
     // Attention LayerNorm: h1 = d dense, dx = d x along the residual stream.
-    kernels::BiasDropoutResidualBackwardTensors t1;
-    t1.dy = h2.data_ptr();
-    t1.x = dense.data_ptr();
-    t1.bias = P(7);
-    t1.residual = x.data_ptr();
-    t1.gamma = P(8);
-    t1.mean = mean1.data_ptr<float>();
-    t1.rstd = rstd1.data_ptr<float>();
-    t1.dx = h1.data_ptr();
-    t1.dresidual = dx.data_ptr();
-    t1.dbias = D(7);
-    t1.dgamma = D(8);
-    t1.dbeta = D(9);
-    kernels::bias_dropout_residual_layernorm_backward(l.dtype, kernels::ResidualOrder::post_ln, t1, l.attention_output,
-                                                      N, H, scratch.data_ptr(), stream);
+    layernorm_backward(h2.data_ptr(), dense, x, 7, mean1, rstd1, l.attention_output, h1.data_ptr(), dx.data_ptr());
     // Output projection, attention, QKV projection; dx += d qkv Wqkv.
     kernels::linear_backward(gemm, l.dtype, {N, H, H, false}, h1.data_ptr(), context.data_ptr(), P(6),
                              dcontext.data_ptr(), D(6), nullptr, stream);
